@@ -1,0 +1,28 @@
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    # Options shared by every module that talks to libvirt.
+    DOCUMENTATION = r'''
+options:
+  uri:
+    description:
+      - libvirt connection URI.
+      - When not set, the C(LIBVIRT_DEFAULT_URI) environment variable is used, and
+        C(qemu:///system) when that is unset too.
+      - Set it once for all libvirt modules with C(module_defaults) and the action group
+        C(group/mlinfra.kvm.libvirt).
+    type: str
+requirements:
+  - libvirt-python
+  - lxml
+notes:
+  - Supports check mode and diff mode. Check mode takes the same decisions as a real run and
+    reports them; only the side effects are skipped.
+  - libvirt errors are reported with libvirt's error code and message in C(libvirt_code) and
+    C(libvirt_message).
+'''
+
