@@ -1,0 +1,465 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: pool
+short_description: Declarative libvirt storage pools (dir, logical, netfs)
+version_added: 0.1.0
+description:
+  - Defines, builds, starts, autostarts and removes libvirt storage pools.
+  - Reads the pool's persistent definition, compares it with the request over the fields
+    that were set and acts only on the difference.
+  - A pool is built (its target directory created) only when the target is missing; the
+    module never wipes or reformats anything.
+  - Changing the target of an existing pool is refused unless O(recreate=true), since volumes
+    that live in the old target would silently disappear from the pool.
+options:
+  name:
+    description: Pool name.
+    type: str
+    required: true
+  state:
+    description:
+      - V(active) defines the pool, builds it when its target is missing and starts it.
+      - V(present) defines (and builds) it without changing whether it runs.
+      - V(absent) stops and undefines it. Volumes stay on disk unless O(purge=true).
+    type: str
+    choices: [active, present, absent]
+    default: active
+  type:
+    description:
+      - Pool type. V(logical) needs an existing volume group (or O(build=true) with
+        O(source_devices), which libvirt refuses on devices that carry data).
+    type: str
+    choices: [dir, logical, netfs]
+    default: dir
+  target:
+    description:
+      - Directory of a V(dir) or V(netfs) pool (the mount point for netfs).
+      - For V(logical), C(/dev/<vgname>) (defaults to that).
+    type: path
+  source_host:
+    description: NFS server of a V(netfs) pool.
+    type: str
+  source_dir:
+    description: Exported directory of a V(netfs) pool.
+    type: str
+  source_format:
+    description: File system type of a V(netfs) pool.
+    type: str
+    choices: [auto, nfs, glusterfs, cifs]
+    default: auto
+  source_name:
+    description: Volume group name of a V(logical) pool (defaults to O(name)).
+    type: str
+  source_devices:
+    description: Physical volumes of a V(logical) pool (used when it is built).
+    type: list
+    elements: path
+    default: []
+  build:
+    description:
+      - Build the pool when its target is missing. For V(dir) and V(netfs) this creates the
+        directory. For V(logical) it creates the volume group with libvirt's no-overwrite flag,
+        and only when set to V(true) explicitly.
+    type: bool
+  autostart:
+    description: Start the pool when libvirtd starts. Left as it is when not set.
+    type: bool
+  recreate:
+    description:
+      - Allow a change of O(target) or O(type) of an existing pool by undefining and
+        defining it again. Volumes in the old target stay on disk but leave the pool.
+    type: bool
+    default: false
+  purge:
+    description: With O(state=absent), delete every volume of the pool first (and the empty directory).
+    type: bool
+    default: false
+  xml:
+    description:
+      - Escape hatch, the complete pool XML to define instead of the structured options.
+        Compared as a whole (normalised) with the current definition.
+    type: str
+extends_documentation_fragment:
+  - mlinfra.kvm.libvirt
+author:
+  - mlinfra.kvm contributors
+'''
+
+EXAMPLES = r'''
+- name: Images pool
+  mlinfra.kvm.pool:
+    name: images
+    target: /var/lib/libvirt/images
+    autostart: true
+
+- name: Remove a scratch pool and everything in it
+  mlinfra.kvm.pool:
+    name: scratch
+    state: absent
+    purge: true
+'''
+
+RETURN = r'''
+pool:
+  description: The pool after the run (what it would be, in check mode).
+  returned: always
+  type: dict
+  contains:
+    name: {description: Pool name., type: str}
+    type: {description: Pool type., type: str}
+    target: {description: Target path., type: str}
+    state: {description: V(active), V(inactive) or V(absent)., type: str}
+    autostart: {description: Whether the pool autostarts., type: bool}
+    uuid: {description: libvirt UUID., type: str}
+    capacity: {description: Bytes., type: int}
+    allocation: {description: Bytes., type: int}
+    available: {description: Bytes., type: int}
+    volumes: {description: Names of the volumes in the pool (active pools)., type: list, elements: str}
+  sample: {name: images, type: dir, target: /var/lib/libvirt/images, state: active, autostart: true}
+xml:
+  description: The persistent XML definition of the pool (empty when absent).
+  returned: always
+  type: str
+actions:
+  description: The side effects performed (or that would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: ["define", "build", "start", "autostart on"]
+'''
+
+import os
+from typing import Any, Dict, List, Optional
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt, lookup
+from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
+from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _xml as X
+
+# Fields of a pool definition that the structured options cover.
+SPEC_FIELDS = ("type", "target", "source_host", "source_dir", "source_format", "source_name", "source_devices")
+# Fields whose change moves the pool's storage: refused unless recreate.
+RELOCATING_FIELDS = ("type", "target", "source_host", "source_dir", "source_name")
+
+
+def desired_spec(params: Dict[str, Any]) -> Dict[str, Any]:
+    ptype = params["type"]
+    spec: Dict[str, Any] = {"type": ptype}
+    if ptype == "logical":
+        vg = params["source_name"] or params["name"]
+        spec.update(source_name=vg, target=params["target"] or "/dev/%s" % vg,
+                    source_devices=sorted(params["source_devices"] or []))
+    else:
+        spec["target"] = os.path.normpath(params["target"])
+    if ptype == "netfs":
+        spec.update(source_host=params["source_host"], source_dir=params["source_dir"],
+                    source_format=params["source_format"])
+    return spec
+
+
+def spec_from_xml(xml: str) -> Dict[str, Any]:
+    root = X.parse(xml)
+    ptype = root.get("type")
+    spec: Dict[str, Any] = {"type": ptype, "target": X.text(root, "target/path")}
+    if spec["target"]:
+        spec["target"] = os.path.normpath(spec["target"])
+    if ptype == "logical":
+        spec["source_name"] = X.text(root, "source/name")
+        spec["source_devices"] = sorted(d.get("path") for d in root.findall("source/device"))
+    if ptype == "netfs":
+        spec["source_host"] = X.attr(root, "source/host", "name")
+        spec["source_dir"] = X.attr(root, "source/dir", "path")
+        spec["source_format"] = X.attr(root, "source/format", "type")
+    return spec
+
+
+def build_xml(name: str, spec: Dict[str, Any], uuid: Optional[str] = None) -> str:
+    root = X.element("pool", {"type": spec["type"]})
+    X.sub(root, "name", text=name)
+    if uuid:
+        X.sub(root, "uuid", text=uuid)
+    if spec["type"] in ("logical", "netfs"):
+        source = X.sub(root, "source")
+        if spec["type"] == "logical":
+            for device in spec.get("source_devices") or []:
+                X.sub(source, "device", {"path": device})
+            X.sub(source, "name", text=spec["source_name"])
+            X.sub(source, "format", {"type": "lvm2"})
+        else:
+            X.sub(source, "host", {"name": spec["source_host"]})
+            X.sub(source, "dir", {"path": spec["source_dir"]})
+            X.sub(source, "format", {"type": spec["source_format"]})
+    target = X.sub(root, "target")
+    X.sub(target, "path", text=spec["target"])
+    return X.to_string(root)
+
+
+class PoolService:
+    """The only code that talks to libvirt for pools."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def get(self, name: str) -> Any:
+        return lookup("looking up pool %s" % name, self.conn.storagePoolLookupByName, name,
+                      (libvirt.VIR_ERR_NO_STORAGE_POOL,))
+
+    def inactive_xml(self, pool: Any) -> str:
+        return call("reading pool XML", pool.XMLDesc, libvirt.VIR_STORAGE_XML_INACTIVE)
+
+    def define(self, xml: str) -> Any:
+        return call("defining pool", self.conn.storagePoolDefineXML, xml, 0)
+
+    def build(self, pool: Any, no_overwrite: bool) -> None:
+        flags = libvirt.VIR_STORAGE_POOL_BUILD_NO_OVERWRITE if no_overwrite else 0
+        call("building pool %s" % pool.name(), pool.build, flags)
+
+    def start(self, pool: Any) -> None:
+        call("starting pool %s" % pool.name(), pool.create, 0)
+
+    def stop(self, pool: Any) -> None:
+        call("stopping pool %s" % pool.name(), pool.destroy)
+
+    def undefine(self, pool: Any) -> None:
+        call("undefining pool %s" % pool.name(), pool.undefine)
+
+    def set_autostart(self, pool: Any, value: bool) -> None:
+        call("setting autostart of pool %s" % pool.name(), pool.setAutostart, int(value))
+
+    def refresh(self, pool: Any) -> None:
+        call("refreshing pool %s" % pool.name(), pool.refresh, 0)
+
+    def volumes(self, pool: Any) -> List[Any]:
+        return call("listing volumes of pool %s" % pool.name(), pool.listAllVolumes, 0)
+
+    def delete_volume(self, vol: Any) -> None:
+        call("deleting volume %s" % vol.name(), vol.delete, 0)
+
+    def delete_storage(self, pool: Any) -> None:
+        call("deleting the storage of pool %s" % pool.name(), pool.delete, 0)
+
+    def describe(self, pool: Optional[Any]) -> Dict[str, Any]:
+        if pool is None:
+            return {"state": "absent"}
+        spec = spec_from_xml(self.inactive_xml(pool))
+        active = bool(pool.isActive())
+        info = call("reading pool info", pool.info) if active else [0, 0, 0, 0]
+        out = {"name": pool.name(), "uuid": pool.UUIDString(), "state": "active" if active else "inactive",
+               "autostart": bool(pool.autostart()), "capacity": info[1], "allocation": info[2],
+               "available": info[3], "volumes": sorted(v.name() for v in self.volumes(pool)) if active else []}
+        out.update(spec)
+        return out
+
+
+class PoolRunner:
+    def __init__(self, module: AnsibleModule, service: PoolService, local: bool) -> None:
+        self.module = module
+        self.params = module.params
+        self.service = service
+        self.local = local
+        self.tracker = DifferenceTracker()
+        self.check = module.check_mode
+
+    # -- validation -------------------------------------------------------------------------
+    def validate(self) -> None:
+        p = self.params
+        object_name("name", p["name"])
+        if p["state"] == "absent" or p["xml"]:
+            return
+        if p["type"] in ("dir", "netfs") and not p["target"]:
+            raise InvalidInputError("target", p["target"], "is required for a %s pool" % p["type"],
+                                    "set target to the directory that holds the volumes")
+        if p["type"] == "netfs" and not (p["source_host"] and p["source_dir"]):
+            raise InvalidInputError("source_host/source_dir", [p["source_host"], p["source_dir"]],
+                                    "are required for a netfs pool", "set the NFS server and its export")
+        if p["target"] and self.local and os.path.exists(p["target"]) and not os.path.isdir(p["target"]):
+            raise InvalidInputError("target", p["target"], "is an existing regular file, not a directory",
+                                    "point target at a directory (or remove the file)")
+
+    # -- decisions --------------------------------------------------------------------------
+    def needs_build(self, spec: Dict[str, Any]) -> bool:
+        if self.params["build"] is False:
+            return False
+        if spec["type"] == "logical":
+            return bool(self.params["build"]) and not os.path.exists(spec["target"])
+        return self.local and not os.path.isdir(spec["target"])
+
+    def run(self) -> Dict[str, Any]:
+        self.validate()
+        name = self.params["name"]
+        pool = self.service.get(name)
+        before = self.service.describe(pool)
+        if self.params["state"] == "absent":
+            self.ensure_absent(pool)
+        else:
+            pool = self.ensure_present(pool, before)
+        after = self.predict_after(before) if self.check else self.service.describe(self.service.get(name))
+        fields = [f for f in ("state", "autostart") + SPEC_FIELDS if f in after or f in before]
+        result = {
+            "changed": self.tracker.changed,
+            "actions": self.tracker.actions,
+            "pool": after,
+            "xml": "" if self.check or after["state"] == "absent" else
+            self.service.inactive_xml(self.service.get(name)),
+        }
+        if self.module._diff:
+            result["diff"] = self.tracker.diff(
+                {f: before.get(f) for f in fields}, {f: after.get(f) for f in fields})
+        return result
+
+    def predict_after(self, before: Dict[str, Any]) -> Dict[str, Any]:
+        after = dict(before)
+        after.update(self.tracker.get_after())
+        return after
+
+    # -- absent -----------------------------------------------------------------------------
+    def ensure_absent(self, pool: Optional[Any]) -> None:
+        if pool is None:
+            return
+        self.tracker.add("state", "active" if pool.isActive() else "inactive", "absent")
+        if self.params["purge"]:
+            if not pool.isActive():
+                self.tracker.action("start (to purge volumes)")
+                if not self.check:
+                    self.service.start(pool)
+            volumes = self.service.volumes(pool) if pool.isActive() else []
+            for vol in volumes:
+                self.tracker.action("delete volume %s" % vol.name())
+                if not self.check:
+                    self.service.delete_volume(vol)
+        if pool.isActive():
+            self.tracker.action("stop")
+            if not self.check:
+                self.service.stop(pool)
+        if self.params["purge"] and self.tracker_type_is_dir(pool):
+            self.tracker.action("delete target directory")
+            if not self.check:
+                self.service.delete_storage(pool)
+        self.tracker.action("undefine")
+        if not self.check:
+            self.service.undefine(pool)
+
+    def tracker_type_is_dir(self, pool: Any) -> bool:
+        return spec_from_xml(self.service.inactive_xml(pool))["type"] == "dir"
+
+    # -- present / active -------------------------------------------------------------------
+    def ensure_present(self, pool: Optional[Any], before: Dict[str, Any]) -> Optional[Any]:
+        p = self.params
+        if p["xml"]:
+            pool = self.ensure_definition_xml(pool, p["xml"])
+            spec = spec_from_xml(p["xml"])
+        else:
+            spec = desired_spec(p)
+            pool = self.ensure_definition(pool, before, spec)
+        if self.needs_build(spec):
+            self.tracker.action("build")
+            if not self.check:
+                self.service.build(pool, no_overwrite=spec["type"] == "logical")
+        active = bool(pool is not None and pool.isActive())
+        if p["state"] == "active":
+            self.tracker.add("state", before["state"] if before["state"] != "absent" else "inactive", "active",
+                             active=not active)
+            if not active:
+                self.tracker.action("start")
+                if not self.check:
+                    self.service.start(pool)
+        elif before["state"] == "absent":
+            self.tracker.add("state", "absent", "inactive")
+        if p["autostart"] is not None:
+            current = bool(pool.autostart()) if pool is not None else False
+            if self.tracker.add("autostart", current, p["autostart"]):
+                self.tracker.action("autostart %s" % ("on" if p["autostart"] else "off"))
+                if not self.check:
+                    self.service.set_autostart(pool, p["autostart"])
+        return pool
+
+    def ensure_definition(self, pool: Optional[Any], before: Dict[str, Any], spec: Dict[str, Any]) -> Optional[Any]:
+        name = self.params["name"]
+        if pool is None:
+            for field, value in spec.items():
+                self.tracker.add(field, None, value)
+            self.tracker.action("define")
+            return None if self.check else self.service.define(build_xml(name, spec))
+        current = {f: before.get(f) for f in spec}
+        changed = [f for f in spec if self.tracker.add(f, current[f], spec[f])]
+        if not changed:
+            return pool
+        relocating = [f for f in changed if f in RELOCATING_FIELDS]
+        if relocating and not self.params["recreate"]:
+            raise ConflictError(
+                "pool %s exists with %s; the request asks for %s. Changing where a pool keeps its "
+                "volumes would hide the volumes already there. Set recreate: true to redefine it "
+                "(volumes stay on disk), or use another pool name."
+                % (name, ", ".join("%s=%r" % (f, current[f]) for f in relocating),
+                   ", ".join("%s=%r" % (f, spec[f]) for f in relocating)),
+                option="recreate", fields=relocating)
+        if relocating:
+            return self.recreate(pool, spec)
+        self.tracker.action("redefine")
+        return pool if self.check else self.service.define(build_xml(name, spec, pool.UUIDString()))
+
+    def recreate(self, pool: Any, spec: Dict[str, Any]) -> Optional[Any]:
+        if pool.isActive():
+            self.tracker.action("stop")
+            if not self.check:
+                self.service.stop(pool)
+        self.tracker.action("undefine")
+        self.tracker.action("define")
+        if self.check:
+            return pool
+        uuid = pool.UUIDString()
+        self.service.undefine(pool)
+        return self.service.define(build_xml(self.params["name"], spec, uuid))
+
+    def ensure_definition_xml(self, pool: Optional[Any], xml: str) -> Optional[Any]:
+        # libvirt fills in uuid, sizes and permissions; they are not part of the request.
+        ignored = ["/pool/uuid", "/pool/capacity", "/pool/allocation", "/pool/available",
+                   "/pool/target/permissions", "/pool/source[not(*)]"]
+        wanted = X.normalise(xml, drop=ignored)
+        current = X.normalise(self.service.inactive_xml(pool), drop=ignored) if pool is not None else None
+        if not self.tracker.add("xml", current, wanted):
+            return pool
+        self.tracker.action("define" if pool is None else "redefine")
+        return pool if self.check else self.service.define(xml)
+
+
+def main() -> None:
+    argument_spec: Dict[str, Any] = dict(
+        name=dict(type="str", required=True),
+        state=dict(type="str", default="active", choices=["active", "present", "absent"]),
+        type=dict(type="str", default="dir", choices=["dir", "logical", "netfs"]),
+        target=dict(type="path"),
+        source_host=dict(type="str"),
+        source_dir=dict(type="str"),
+        source_format=dict(type="str", default="auto", choices=["auto", "nfs", "glusterfs", "cifs"]),
+        source_name=dict(type="str"),
+        source_devices=dict(type="list", elements="path", default=[]),
+        build=dict(type="bool"),
+        autostart=dict(type="bool"),
+        recreate=dict(type="bool", default=False),
+        purge=dict(type="bool", default=False),
+        xml=dict(type="str"),
+    )
+    argument_spec.update(LIBVIRT_ARGSPEC)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+                           mutually_exclusive=[("xml", "target")])
+
+    def runner() -> Dict[str, Any]:
+        with Connection(module.params["uri"]) as connection:
+            return PoolRunner(module, PoolService(connection.conn), is_local(connection.uri)).run()
+
+    run(module, runner)
+
+
+if __name__ == "__main__":
+    main()
