@@ -1,0 +1,409 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: volume
+short_description: Declarative libvirt storage volumes (qcow2, raw, overlays, imports)
+version_added: 0.1.0
+description:
+  - Creates, grows and deletes volumes in a libvirt storage pool.
+  - A volume can be empty, a copy-on-write overlay on a backing image (how a VM disk is made
+    from a base image), or imported from a local image file.
+  - Volumes are grown to a larger O(capacity) in place. They are never shrunk, and never
+    recreated to change their format or backing image, since either would lose data; such
+    requests fail and name the way out.
+options:
+  name:
+    description: Volume name (the file name in a dir pool).
+    type: str
+    required: true
+  pool:
+    description: Name of the active pool that holds the volume.
+    type: str
+    required: true
+  state:
+    description: V(present) creates or grows the volume; V(absent) deletes it.
+    type: str
+    choices: [present, absent]
+    default: present
+  capacity:
+    description:
+      - Virtual size, in bytes or with a binary unit (V(10G), V(512M)).
+      - Required for an empty volume. Defaults to the backing image's virtual size for an
+        overlay, and to the imported image's virtual size for an import.
+      - A larger value than the current one grows the volume; a smaller one is refused.
+    type: str
+  format:
+    description: Volume format. For an import, defaults to the format of the imported file.
+    type: str
+    choices: [qcow2, raw]
+  backing:
+    description:
+      - Absolute path of a backing image; the volume becomes a qcow2 copy-on-write overlay on it.
+      - The backing image is never written to.
+    type: path
+  backing_format:
+    description: Format of O(backing). Detected with C(qemu-img info) when not set.
+    type: str
+    choices: [qcow2, raw]
+  import_from:
+    description:
+      - Local image file whose content becomes the volume, uploaded through libvirt.
+      - Only when the volume does not exist yet; an existing volume is never overwritten.
+    type: path
+extends_documentation_fragment:
+  - mlinfra.kvm.libvirt
+author:
+  - mlinfra.kvm contributors
+'''
+
+EXAMPLES = r'''
+- name: A 20 GiB disk for worker-1, copy-on-write on the base image
+  mlinfra.kvm.volume:
+    name: worker-1.qcow2
+    pool: vms
+    backing: /var/lib/libvirt/images/debian-12-base.qcow2
+    capacity: 20G
+
+- name: Import the base image into the images pool
+  mlinfra.kvm.volume:
+    name: debian-12-base.qcow2
+    pool: images
+    import_from: /srv/build/base.qcow2
+
+- name: Scratch space
+  mlinfra.kvm.volume:
+    name: scratch.raw
+    pool: vms
+    format: raw
+    capacity: 100G
+'''
+
+RETURN = r'''
+volume:
+  description: The volume after the run (predicted in check mode).
+  returned: always
+  type: dict
+  contains:
+    name: {description: Volume name., type: str}
+    pool: {description: Pool name., type: str}
+    state: {description: V(present) or V(absent)., type: str}
+    path: {description: Path of the volume on the libvirt host., type: str}
+    format: {description: Volume format., type: str}
+    capacity: {description: Virtual size in bytes., type: int}
+    allocation: {description: Bytes allocated on disk., type: int}
+    backing: {description: Backing image path (overlays)., type: str}
+    backing_format: {description: Backing image format (overlays)., type: str}
+xml:
+  description: libvirt's XML description of the volume (empty when absent or in check mode).
+  returned: always
+  type: str
+actions:
+  description: Side effects performed (or that would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+'''
+
+import json
+import os
+from typing import Any, Dict, Optional
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt, lookup
+from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
+from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name, size_bytes
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _xml as X
+
+DIFF_FIELDS = ("state", "format", "capacity", "backing", "backing_format")
+CHUNK = 4 * 1024 * 1024
+
+
+def human(n: Optional[int]) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n = n / 1024.0  # type: ignore[assignment]
+    return str(n)
+
+
+def build_xml(name: str, fmt: str, capacity: int, backing: Optional[str], backing_format: Optional[str]) -> str:
+    root = X.element("volume")
+    X.sub(root, "name", text=name)
+    X.sub(root, "capacity", {"unit": "bytes"}, text=capacity)
+    # qcow2 volumes start sparse; raw ones are fully allocated by libvirt unless told otherwise.
+    X.sub(root, "allocation", {"unit": "bytes"}, text=0)
+    target = X.sub(root, "target")
+    X.sub(target, "format", {"type": fmt})
+    if backing:
+        store = X.sub(root, "backingStore")
+        X.sub(store, "path", text=backing)
+        X.sub(store, "format", {"type": backing_format})
+    return X.to_string(root)
+
+
+class VolumeService:
+    """The only code that talks to libvirt (and qemu-img) for volumes."""
+
+    def __init__(self, module: AnsibleModule, conn: Any) -> None:
+        self.module = module
+        self.conn = conn
+
+    def pool(self, name: str) -> Optional[Any]:
+        return lookup("looking up pool %s" % name, self.conn.storagePoolLookupByName, name,
+                      (libvirt.VIR_ERR_NO_STORAGE_POOL,))
+
+    def volume(self, pool: Any, name: str) -> Optional[Any]:
+        return lookup("looking up volume %s" % name, pool.storageVolLookupByName, name,
+                      (libvirt.VIR_ERR_NO_STORAGE_VOL,))
+
+    def pool_available(self, pool: Any) -> int:
+        return call("reading pool info", pool.info)[3]
+
+    def describe(self, pool_name: str, vol: Optional[Any]) -> Dict[str, Any]:
+        if vol is None:
+            return {"name": self.module.params["name"], "pool": pool_name, "state": "absent"}
+        xml = call("reading volume XML", vol.XMLDesc, 0)
+        root = X.parse(xml)
+        _, capacity, allocation = call("reading volume info", vol.info)
+        return {"name": vol.name(), "pool": pool_name, "state": "present", "path": vol.path(),
+                "format": X.attr(root, "target/format", "type"), "capacity": capacity,
+                "allocation": allocation, "backing": X.text(root, "backingStore/path"),
+                "backing_format": X.attr(root, "backingStore/format", "type")}
+
+    def image_info(self, option: str, path: str) -> Dict[str, Any]:
+        # -U: the image may be open by running guests (a base image always is).
+        rc, out, err = self.module.run_command(["qemu-img", "info", "-U", "--output=json", path])
+        if rc != 0:
+            raise InvalidInputError(option, path, "cannot be read as a disk image (qemu-img: %s)" % err.strip(),
+                                    "give a qcow2 or raw image file")
+        return json.loads(out)
+
+    def create(self, pool: Any, xml: str) -> Any:
+        return call("creating volume", pool.createXML, xml, 0)
+
+    def upload(self, vol: Any, path: str) -> None:
+        size = os.path.getsize(path)
+        stream = call("opening an upload stream", self.conn.newStream, 0)
+        call("starting the upload", vol.upload, stream, 0, size, 0)
+        try:
+            with open(path, "rb") as handle:
+                call("uploading %s" % path, stream.sendAll, lambda _st, nbytes, fh: fh.read(min(nbytes, CHUNK)), handle)
+            call("finishing the upload", stream.finish)
+        except KvmError:
+            try:
+                stream.abort()
+            except libvirt.libvirtError:  # the stream is already broken; the original error matters
+                pass
+            raise
+
+    def resize(self, vol: Any, capacity: int) -> None:
+        call("resizing volume %s" % vol.name(), vol.resize, capacity, 0)
+
+    def delete(self, vol: Any) -> None:
+        call("deleting volume %s" % vol.name(), vol.delete, 0)
+
+    def xml(self, vol: Any) -> str:
+        return call("reading volume XML", vol.XMLDesc, 0)
+
+
+class VolumeRunner:
+    def __init__(self, module: AnsibleModule, service: VolumeService, local: bool) -> None:
+        self.module = module
+        self.params = module.params
+        self.service = service
+        self.local = local
+        self.check = module.check_mode
+        self.tracker = DifferenceTracker()
+
+    def run(self) -> Dict[str, Any]:
+        p = self.params
+        object_name("name", p["name"])
+        object_name("pool", p["pool"])
+        capacity = size_bytes("capacity", p["capacity"])
+        pool = self.service.pool(p["pool"])
+        if pool is None:
+            raise InvalidInputError("pool", p["pool"], "is not a libvirt storage pool",
+                                    "create it first (mlinfra.kvm.pool) or name an existing pool")
+        if not pool.isActive():
+            raise InvalidInputError("pool", p["pool"], "is not active",
+                                    "start it (mlinfra.kvm.pool with state: active)")
+        vol = self.service.volume(pool, p["name"])
+        before = self.service.describe(p["pool"], vol)
+        if p["state"] == "absent":
+            if vol is not None:
+                self.tracker.add("state", "present", "absent")
+                self.tracker.action("delete")
+                if not self.check:
+                    self.service.delete(vol)
+        elif vol is None:
+            self.create(pool, capacity)
+        else:
+            self.update(vol, before, capacity)
+        after = dict(before)
+        after.update(self.tracker.get_after())
+        xml = ""
+        if not self.check:
+            vol = self.service.volume(pool, p["name"])
+            after = self.service.describe(p["pool"], vol)
+            xml = self.service.xml(vol) if vol is not None else ""
+        result = {"changed": self.tracker.changed, "actions": self.tracker.actions, "volume": after, "xml": xml}
+        if self.module._diff:
+            result["diff"] = self.tracker.diff({f: before.get(f) for f in DIFF_FIELDS},
+                                               {f: after.get(f) for f in DIFF_FIELDS})
+        return result
+
+    # -- create -----------------------------------------------------------------------------
+    def create(self, pool: Any, capacity: Optional[int]) -> None:
+        p = self.params
+        if p["import_from"]:
+            self.create_imported(pool, capacity)
+            return
+        backing, backing_format = None, None
+        fmt = p["format"] or "qcow2"
+        if p["backing"]:
+            backing, backing_format, virtual = self.backing_image()
+            if fmt != "qcow2":
+                raise InvalidInputError("format", fmt, "cannot hold a backing image",
+                                        "use format: qcow2 for an overlay (or leave format unset)")
+            if capacity is None:
+                capacity = virtual
+            elif capacity < virtual:
+                raise InvalidInputError("capacity", p["capacity"],
+                                        "is smaller than the backing image (%s)" % human(virtual),
+                                        "give at least %d bytes, or leave capacity unset" % virtual)
+        elif capacity is None:
+            raise InvalidInputError("capacity", None, "is required for a new empty volume",
+                                    "give a size such as 10G (or set backing or import_from)")
+        self.check_free_space(pool, capacity if not backing else 0)
+        for field, value in (("state", "present"), ("format", fmt), ("capacity", capacity),
+                             ("backing", backing), ("backing_format", backing_format)):
+            self.tracker.add(field, None if field != "state" else "absent", value, active=value is not None)
+        self.tracker.action("create")
+        if not self.check:
+            self.service.create(pool, build_xml(p["name"], fmt, capacity, backing, backing_format))
+
+    def backing_image(self):
+        p = self.params
+        path = p["backing"]
+        if self.local and not os.path.exists(path):
+            raise InvalidInputError("backing", path, "does not exist",
+                                    "build or import the base image first, or fix the path")
+        info = self.service.image_info("backing", path) if self.local else {}
+        detected = info.get("format")
+        fmt = p["backing_format"] or detected
+        if fmt not in ("qcow2", "raw"):
+            raise InvalidInputError("backing_format", fmt, "is not a supported backing format",
+                                    "set backing_format to qcow2 or raw")
+        if detected and p["backing_format"] and detected != p["backing_format"]:
+            raise InvalidInputError("backing_format", p["backing_format"],
+                                    "does not match the image, which qemu-img reads as %s" % detected,
+                                    "set backing_format: %s or leave it unset" % detected)
+        return path, fmt, int(info.get("virtual-size") or 0)
+
+    def create_imported(self, pool: Any, capacity: Optional[int]) -> None:
+        p = self.params
+        path = p["import_from"]
+        if not os.path.isfile(path):
+            raise InvalidInputError("import_from", path, "is not a file on this host",
+                                    "give the path of an existing image file")
+        info = self.service.image_info("import_from", path)
+        detected = info.get("format")
+        fmt = p["format"] or detected
+        if fmt != detected:
+            raise InvalidInputError("format", p["format"], "differs from the imported file's format (%s)" % detected,
+                                    "convert it first (qemu-img convert -O %s) or set format: %s" % (fmt, detected))
+        if detected not in ("qcow2", "raw"):
+            raise InvalidInputError("import_from", path, "is a %s image" % detected,
+                                    "convert it to qcow2 or raw first")
+        virtual = int(info["virtual-size"])
+        if capacity is not None and capacity < virtual:
+            raise InvalidInputError("capacity", p["capacity"], "is smaller than the imported image (%s)" % human(virtual),
+                                    "give at least %d bytes, or leave capacity unset" % virtual)
+        self.check_free_space(pool, os.path.getsize(path))
+        self.tracker.add("state", "absent", "present")
+        self.tracker.add("format", None, fmt)
+        self.tracker.add("capacity", None, max(capacity or 0, virtual))
+        self.tracker.action("import %s" % path)
+        if capacity and capacity > virtual:
+            self.tracker.action("grow to %s" % human(capacity))
+        if self.check:
+            return
+        vol = self.service.create(pool, build_xml(p["name"], fmt, virtual, None, None))
+        try:
+            self.service.upload(vol, path)
+            if capacity and capacity > virtual:
+                self.service.resize(vol, capacity)
+        except KvmError:
+            # A half-uploaded volume would look done on the next run: remove it.
+            self.service.delete(vol)
+            raise
+
+    def check_free_space(self, pool: Any, needed: int) -> None:
+        available = self.service.pool_available(pool)
+        if needed > available:
+            raise InvalidInputError(
+                "capacity", self.params["capacity"] or needed,
+                "needs %s but pool %s has %s free" % (human(needed), self.params["pool"], human(available)),
+                "free space in the pool, choose a smaller size or another pool")
+
+    # -- update -----------------------------------------------------------------------------
+    def update(self, vol: Any, before: Dict[str, Any], capacity: Optional[int]) -> None:
+        p = self.params
+        if p["format"] and p["format"] != before["format"]:
+            raise ConflictError(
+                "volume %s exists as %s; format %s was requested. Converting in place is not done "
+                "(it would lose data). Delete it first (state: absent) or use another name."
+                % (p["name"], before["format"], p["format"]), option="format")
+        if p["backing"] and os.path.normpath(p["backing"]) != os.path.normpath(before["backing"] or ""):
+            raise ConflictError(
+                "volume %s exists with backing image %s; %s was requested. Rebasing an existing disk "
+                "is not done. Delete it first (state: absent) or use another name."
+                % (p["name"], before["backing"], p["backing"]), option="backing")
+        if capacity is None or capacity == before["capacity"]:
+            return
+        if capacity < before["capacity"]:
+            raise ConflictError(
+                "option capacity: value %r (%d bytes) is smaller than volume %s (%d bytes); volumes are "
+                "never shrunk (the guest's file systems would be cut). Give at least %d bytes."
+                % (p["capacity"], capacity, p["name"], before["capacity"], before["capacity"]), option="capacity")
+        self.tracker.add("capacity", before["capacity"], capacity)
+        self.tracker.action("grow to %s" % human(capacity))
+        if not self.check:
+            self.service.resize(vol, capacity)
+
+
+def main() -> None:
+    argument_spec: Dict[str, Any] = dict(
+        name=dict(type="str", required=True),
+        pool=dict(type="str", required=True),
+        state=dict(type="str", default="present", choices=["present", "absent"]),
+        capacity=dict(type="str"),
+        format=dict(type="str", choices=["qcow2", "raw"]),
+        backing=dict(type="path"),
+        backing_format=dict(type="str", choices=["qcow2", "raw"]),
+        import_from=dict(type="path"),
+    )
+    argument_spec.update(LIBVIRT_ARGSPEC)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+                           mutually_exclusive=[("backing", "import_from")])
+
+    def runner() -> Dict[str, Any]:
+        with Connection(module.params["uri"]) as connection:
+            service = VolumeService(module, connection.conn)
+            return VolumeRunner(module, service, is_local(connection.uri)).run()
+
+    run(module, runner)
+
+
+if __name__ == "__main__":
+    main()

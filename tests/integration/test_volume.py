@@ -1,0 +1,143 @@
+"""mlinfra.kvm.volume against a real libvirtd (qemu:///system)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import libvirt
+import pytest
+
+from conftest import four_ways
+
+pytestmark = pytest.mark.integration
+GIB = 1024 ** 3
+
+
+@pytest.fixture
+def pool(libvirt_cleanup, run_module, tmp_path):
+    name = libvirt_cleanup + "vols"
+    result = run_module("pool", {"name": name, "target": str(tmp_path / "pool")})
+    assert not result["failed"], result
+    return {"name": name, "path": str(tmp_path / "pool")}
+
+
+def qemu_img_info(path):
+    return json.loads(subprocess.run(["qemu-img", "info", "-U", "--output=json", path],
+                                     check=True, capture_output=True, text=True).stdout)
+
+
+@pytest.fixture
+def base_image(tmp_path):
+    path = str(tmp_path / "base.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", path, "1G"], check=True)
+    return path
+
+
+def test_empty_qcow2_four_ways(pool):
+    args = {"name": "disk.qcow2", "pool": pool["name"], "capacity": "2G"}
+    results = four_ways("volume", args)
+    assert results["check"]["actions"] == ["create"]
+    vol = results["apply"]["volume"]
+    assert vol["format"] == "qcow2" and vol["capacity"] == 2 * GIB
+    assert qemu_img_info(vol["path"])["virtual-size"] == 2 * GIB
+    assert results["check"]["diff"]["after"]["capacity"] == 2 * GIB
+
+
+def test_raw_volume(pool):
+    results = four_ways("volume", {"name": "scratch.raw", "pool": pool["name"], "format": "raw",
+                                   "capacity": "16M"})
+    assert qemu_img_info(results["apply"]["volume"]["path"])["format"] == "raw"
+
+
+def test_overlay_on_backing_image_four_ways(pool, base_image):
+    args = {"name": "vm.qcow2", "pool": pool["name"], "backing": base_image}
+    results = four_ways("volume", args)
+    vol = results["apply"]["volume"]
+    assert vol["backing"] == base_image and vol["backing_format"] == "qcow2"
+    assert vol["capacity"] == GIB, "capacity defaults to the backing image's virtual size"
+    info = qemu_img_info(vol["path"])
+    assert info["backing-filename"] == base_image and info["backing-filename-format"] == "qcow2"
+
+
+def test_overlay_larger_than_backing(pool, base_image):
+    results = four_ways("volume", {"name": "big.qcow2", "pool": pool["name"], "backing": base_image,
+                                   "capacity": "3G"})
+    assert qemu_img_info(results["apply"]["volume"]["path"])["virtual-size"] == 3 * GIB
+
+
+def test_grow_four_ways_and_shrink_refused(pool, run_module):
+    args = {"name": "grow.qcow2", "pool": pool["name"], "capacity": "1G"}
+    run_module("volume", args)
+    results = four_ways("volume", dict(args, capacity="2G"))
+    assert results["check"]["diff"] == {"before": {"state": "present", "format": "qcow2", "capacity": GIB,
+                                                   "backing": None, "backing_format": None},
+                                        "after": {"state": "present", "format": "qcow2", "capacity": 2 * GIB,
+                                                  "backing": None, "backing_format": None}}
+    path = results["apply"]["volume"]["path"]
+    assert qemu_img_info(path)["virtual-size"] == 2 * GIB
+    shrink = run_module("volume", dict(args, capacity="1G"))
+    assert shrink["failed"] and "never shrunk" in shrink["msg"] and "option capacity" in shrink["msg"]
+    assert qemu_img_info(path)["virtual-size"] == 2 * GIB
+
+
+def test_import_from_file_four_ways(pool, tmp_path):
+    src = str(tmp_path / "src.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", src, "64M"], check=True)
+    # Put recognisable data in the image so the import is proven to copy content.
+    raw = str(tmp_path / "payload.raw")
+    with open(raw, "wb") as handle:
+        handle.write(b"MLINFRA-PAYLOAD" * 1000)
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, src], check=True)
+    subprocess.run(["qemu-img", "resize", "-q", src, "64M"], check=True)
+    results = four_ways("volume", {"name": "imported.qcow2", "pool": pool["name"], "import_from": src})
+    dest = results["apply"]["volume"]["path"]
+    assert qemu_img_info(dest)["virtual-size"] == 64 * 1024 * 1024
+    out = str(tmp_path / "back.raw")
+    subprocess.run(["qemu-img", "convert", "-O", "raw", dest, out], check=True)
+    with open(out, "rb") as handle:
+        assert handle.read(15) == b"MLINFRA-PAYLOAD"
+
+
+def test_absent_four_ways(pool, run_module):
+    args = {"name": "gone.qcow2", "pool": pool["name"], "capacity": "8M"}
+    path = run_module("volume", args)["volume"]["path"]
+    four_ways("volume", dict(args, state="absent"))
+    assert not os.path.exists(path)
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+def test_missing_backing_image_refused(pool, run_module):
+    result = run_module("volume", {"name": "x.qcow2", "pool": pool["name"], "backing": "/nonexistent/base.qcow2"})
+    assert result["failed"] and result["msg"].startswith("option backing: value '/nonexistent/base.qcow2' does not exist")
+    assert not os.path.exists(os.path.join(pool["path"], "x.qcow2"))
+
+
+def test_larger_than_free_space_refused(pool, run_module):
+    result = run_module("volume", {"name": "huge.raw", "pool": pool["name"], "format": "raw", "capacity": "900T"})
+    assert result["failed"] and "option capacity" in result["msg"] and "free" in result["msg"]
+    assert not os.path.exists(os.path.join(pool["path"], "huge.raw"))
+
+
+def test_unknown_pool_refused(run_module):
+    result = run_module("volume", {"name": "x.qcow2", "pool": "mlkvmtest-nosuchpool", "capacity": "1M"})
+    assert result["failed"] and "option pool" in result["msg"] and "mlinfra.kvm.pool" in result["msg"]
+
+
+@pytest.mark.parametrize("bad", ["../escape", "a<b", "x'y", "a&b", "sub/dir.qcow2"])
+def test_bad_volume_names(pool, run_module, bad):
+    result = run_module("volume", {"name": bad, "pool": pool["name"], "capacity": "1M"})
+    assert result["failed"] and result["msg"].startswith("option name: value %r" % bad)
+
+
+def test_bad_capacity(pool, run_module):
+    result = run_module("volume", {"name": "x.qcow2", "pool": pool["name"], "capacity": "ten gigs"})
+    assert result["failed"] and result["msg"].startswith("option capacity: value 'ten gigs' is not a size")
+
+
+def test_format_change_refused(pool, run_module):
+    args = {"name": "f.qcow2", "pool": pool["name"], "capacity": "1M"}
+    run_module("volume", args)
+    result = run_module("volume", dict(args, format="raw"))
+    assert result["failed"] and "state: absent" in result["msg"]
