@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# Build the Debian bookworm guest image the VM tests and the lab boot (direct kernel boot, TCG).
+#
+#   bash lab/image/build.sh                      # -> lab/build/base.qcow2, vmlinuz, initrd.img
+#   bash lab/image/build.sh --extra-packages "qemu-system-x86 libvirt-daemon-system" [--name gpuhost]
+#                                                # -> lab/build/<name>.qcow2, <name>.vmlinuz, ...
+#   bash lab/image/build.sh --force              # rebuild even if the stamp matches
+#   bash lab/image/build.sh --print-paths        # print the output paths (KEY=path), build nothing
+#
+# Cached: each image has a stamp file holding the hash of its recipe (this script, packages.txt,
+# files/*, the extra packages). A run whose recipe hash equals the stamp does nothing. A rebuild
+# happens in a temporary directory under lab/build/; the stamp is removed first and written
+# last, after the outputs are renamed into place, so an interrupted build never looks done.
+# A lock file serialises concurrent callers (several test sessions may ask at once).
+#
+# Needs root, debootstrap, e2fsprogs >= 1.43 (mkfs.ext4 -d), qemu-utils and the Debian mirror.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+BUILD_DIR="${MLKVM_IMAGE_BUILD_DIR:-$ROOT/lab/build}"
+MIRROR="${MLKVM_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+SUITE=bookworm
+DISK_SIZE="${MLKVM_IMAGE_DISK_SIZE:-3G}"
+
+EXTRA_PACKAGES=""
+NAME=""
+FORCE=0
+PRINT_PATHS=0
+
+usage() {
+  sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --extra-packages) EXTRA_PACKAGES="${2:?--extra-packages needs a value}"; shift 2 ;;
+    --extra-packages=*) EXTRA_PACKAGES="${1#*=}"; shift ;;
+    --name) NAME="${2:?--name needs a value}"; shift 2 ;;
+    --name=*) NAME="${1#*=}"; shift ;;
+    --force) FORCE=1; shift ;;
+    --print-paths) PRINT_PATHS=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+START=$(date +%s)
+step() { printf '[image %s +%ss] %s\n' "${NAME:-base}" "$(( $(date +%s) - START ))" "$*"; }
+die() { echo "build.sh: $*" >&2; exit 1; }
+
+# Package list: packages.txt without comments, plus the extras (comma or space separated),
+# sorted and unique so the same set always hashes the same.
+base_packages() { sed -e 's/#.*//' -e 's/[[:space:]]//g' "$HERE/packages.txt" | grep -v '^$'; }
+extra_packages() { tr ', ' '\n\n' <<<"$EXTRA_PACKAGES" | grep -v '^$' | sort -u || true; }
+for pkg in $(extra_packages); do
+  [[ "$pkg" =~ ^[a-z0-9][a-z0-9.+-]+$ ]] || die "--extra-packages: '$pkg' is not a Debian package name"
+done
+EXTRAS="$(extra_packages | paste -sd, -)"
+PACKAGES="$( (base_packages; extra_packages) | sort -u | paste -sd, -)"
+
+# Variant name: "base" without extras; otherwise --name or one derived from the extras' hash.
+if [ -z "$NAME" ]; then
+  if [ -z "$EXTRAS" ]; then
+    NAME=base
+  else
+    NAME="base-x$(printf '%s' "$EXTRAS" | sha256sum | cut -c1-10)"
+  fi
+fi
+[[ "$NAME" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*$ ]] || die "--name: '$NAME' must be letters, digits, '.', '_' or '-'"
+[ -n "$EXTRAS" ] || [ "$NAME" = base ] || die "--name without --extra-packages would duplicate the base image"
+
+# The base image keeps the historical names (vmlinuz, initrd.img); variants are prefixed.
+IMAGE="$BUILD_DIR/$NAME.qcow2"
+STAMP="$BUILD_DIR/$NAME.stamp"
+LOCK="$BUILD_DIR/$NAME.lock"
+if [ "$NAME" = base ]; then
+  KERNEL="$BUILD_DIR/vmlinuz"; INITRD="$BUILD_DIR/initrd.img"
+else
+  KERNEL="$BUILD_DIR/$NAME.vmlinuz"; INITRD="$BUILD_DIR/$NAME.initrd.img"
+fi
+
+if [ "$PRINT_PATHS" = 1 ]; then
+  printf 'IMAGE=%s\nKERNEL=%s\nINITRD=%s\nSTAMP=%s\n' "$IMAGE" "$KERNEL" "$INITRD" "$STAMP"
+  exit 0
+fi
+
+# Recipe hash: everything that decides the image's content.
+recipe_hash() {
+  {
+    printf 'suite=%s mirror=%s size=%s\n' "$SUITE" "$MIRROR" "$DISK_SIZE"
+    printf 'packages=%s\n' "$PACKAGES"
+    sha256sum "$HERE/build.sh" "$HERE/packages.txt"
+    (cd "$HERE" && find files -type f -print0 | sort -z | xargs -0 sha256sum)
+  } | sha256sum | cut -d' ' -f1
+}
+RECIPE="$(recipe_hash)"
+
+is_current() {
+  [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ] \
+    && [ -s "$IMAGE" ] && [ -s "$KERNEL" ] && [ -s "$INITRD" ]
+}
+
+mkdir -p "$BUILD_DIR"
+exec 9>"$LOCK"
+if ! flock -n 9; then
+  step "another build of '$NAME' is running; waiting for it"
+  flock 9
+fi
+
+if [ "$FORCE" = 0 ] && is_current; then
+  step "up to date ($IMAGE, recipe $RECIPE)"
+  exit 0
+fi
+
+[ "$(id -u)" = 0 ] || die "must run as root (debootstrap, chroot)"
+for tool in debootstrap chroot mkfs.ext4 qemu-img flock; do
+  command -v "$tool" >/dev/null || die "'$tool' is not installed (apt-get install debootstrap e2fsprogs qemu-utils util-linux)"
+done
+
+step "building '$NAME' (recipe $RECIPE)"
+step "packages: $PACKAGES"
+# From here on the old outputs are stale: the stamp goes first so no half state looks done.
+rm -f "$STAMP"
+
+TMP="$(mktemp -d "$BUILD_DIR/.tmp-$NAME.XXXXXX")"
+ROOTFS="$TMP/rootfs"
+cleanup() {
+  # Anything still mounted inside the chroot must go before the directory can be removed.
+  for m in "$ROOTFS/proc" "$ROOTFS/sys" "$ROOTFS/dev/pts" "$ROOTFS/dev"; do
+    mountpoint -q "$m" 2>/dev/null && umount -l "$m" || true
+  done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Downloaded .debs survive between builds: a recipe change re-installs, it need not re-download.
+CACHE="$BUILD_DIR/debs-cache"
+mkdir -p "$CACHE" "$ROOTFS"
+
+step "debootstrap $SUITE (minbase + $(tr ',' '\n' <<<"$PACKAGES" | wc -l) packages; about 2 min)"
+if ! debootstrap --variant=minbase --cache-dir="$CACHE" --include="$PACKAGES" \
+      "$SUITE" "$ROOTFS" "$MIRROR" >"$TMP/debootstrap.log" 2>&1; then
+  tail -n 40 "$TMP/debootstrap.log" >&2
+  [ -f "$ROOTFS/debootstrap/debootstrap.log" ] && tail -n 40 "$ROOTFS/debootstrap/debootstrap.log" >&2
+  die "debootstrap failed (log above)"
+fi
+
+step "configuring: fstab, eth0 DHCP, cloud-init NoCloud, locale, ssh host keys"
+install -m 0644 "$HERE/files/fstab" "$ROOTFS/etc/fstab"
+install -m 0644 "$HERE/files/interfaces" "$ROOTFS/etc/network/interfaces"
+mkdir -p "$ROOTFS/etc/network/interfaces.d"
+echo debian >"$ROOTFS/etc/hostname"
+printf '127.0.0.1\tlocalhost\n127.0.1.1\tdebian\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$ROOTFS/etc/hosts"
+install -d -m 0755 "$ROOTFS/etc/cloud/cloud.cfg.d"
+for cfg in 90-mlkvm-datasource.cfg 91-mlkvm-network.cfg 92-mlkvm-locale.cfg; do
+  install -m 0644 "$HERE/files/$cfg" "$ROOTFS/etc/cloud/cloud.cfg.d/$cfg"
+done
+printf 'LANG=C.UTF-8\n' >"$ROOTFS/etc/default/locale"
+# Host keys made by the package's postinst would be shared by every guest: drop them; the
+# guest (cloud-init, or the ssh.service drop-in when cloud-init is off) makes its own.
+rm -f "$ROOTFS"/etc/ssh/ssh_host_*
+install -d -m 0755 "$ROOTFS/etc/systemd/system/ssh.service.d"
+install -m 0644 "$HERE/files/ssh-hostkeys.conf" "$ROOTFS/etc/systemd/system/ssh.service.d/10-mlkvm-hostkeys.conf"
+# A fresh machine-id per guest (systemd makes one at first boot when the file is empty).
+: >"$ROOTFS/etc/machine-id"
+rm -f "$ROOTFS/var/lib/dbus/machine-id"
+
+step "apt-get clean"
+chroot "$ROOTFS" /usr/bin/apt-get clean
+rm -rf "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS/debootstrap" 2>/dev/null || true
+
+step "copying kernel and initrd out"
+KSRC="$(readlink -f "$ROOTFS/vmlinuz" 2>/dev/null || ls "$ROOTFS"/boot/vmlinuz-* | tail -n1)"
+ISRC="$(readlink -f "$ROOTFS/initrd.img" 2>/dev/null || ls "$ROOTFS"/boot/initrd.img-* | tail -n1)"
+[ -s "$KSRC" ] && [ -s "$ISRC" ] || die "no kernel/initrd in the rootfs (is linux-image-amd64 installed?)"
+cp "$KSRC" "$TMP/vmlinuz"
+cp "$ISRC" "$TMP/initrd.img"
+
+step "mkfs.ext4 -d ($DISK_SIZE) and qemu-img convert to qcow2"
+truncate -s "$DISK_SIZE" "$TMP/root.raw"
+mkfs.ext4 -q -F -L root -d "$ROOTFS" "$TMP/root.raw"
+qemu-img convert -f raw -O qcow2 "$TMP/root.raw" "$TMP/image.qcow2"
+rm -f "$TMP/root.raw"
+
+step "installing outputs"
+chmod 0644 "$TMP/image.qcow2" "$TMP/vmlinuz" "$TMP/initrd.img"
+mv -f "$TMP/image.qcow2" "$IMAGE"
+mv -f "$TMP/vmlinuz" "$KERNEL"
+mv -f "$TMP/initrd.img" "$INITRD"
+printf '%s\n' "$RECIPE" >"$STAMP.new"
+mv -f "$STAMP.new" "$STAMP"
+step "done: $IMAGE ($(du -h "$IMAGE" | cut -f1)), $KERNEL, $INITRD"
