@@ -1,0 +1,626 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: network
+short_description: Declarative libvirt virtual networks (NAT, routed, isolated, bridged)
+version_added: 0.1.0
+description:
+  - Defines, starts, autostarts and removes libvirt networks from structured options.
+  - Compares the request with the network's persistent definition over the fields that were
+    set and acts only on the difference.
+  - Changes to static DHCP hosts and DNS host entries of an active network are applied live
+    and to the persistent definition with libvirt's network update API; the network keeps
+    running and guests keep their connectivity.
+  - Any other change to an active network (addresses, DHCP range, mode, bridge, MTU, domain) is
+    written to the persistent definition and reported with RV(restart_required=true); the
+    running network is restarted only with O(restart=true), because a restart cuts running
+    guests off the network until their interfaces are reattached.
+options:
+  name:
+    description: Network name.
+    type: str
+    required: true
+  state:
+    description:
+      - V(active) defines and starts the network. V(present) defines it without changing
+        whether it runs. V(absent) stops and undefines it.
+    type: str
+    choices: [active, present, absent]
+    default: active
+  mode:
+    description:
+      - V(nat) - guests reach outside through NAT on the host.
+      - V(route) - routed to the host's network, no NAT.
+      - V(isolated) - guests and host only.
+      - V(bridge) - guests join an existing host bridge (O(bridge)); libvirt manages no
+        addresses for it.
+    type: str
+    choices: [nat, route, isolated, bridge]
+    default: nat
+  bridge:
+    description:
+      - Bridge device name. For V(bridge) mode, an existing host bridge (required).
+      - For the other modes, the bridge libvirt creates; libvirt picks C(virbrN) when not set.
+    type: str
+  forward_dev:
+    description: Host interface that NAT or routed traffic leaves through.
+    type: str
+  domain:
+    description: DNS domain of the network; guests' names resolve as C(name.domain).
+    type: str
+  mtu:
+    description: MTU of the bridge.
+    type: int
+  address:
+    description: IPv4 address of the host on the network (the guests' gateway).
+    type: str
+  netmask:
+    description: IPv4 netmask, dotted (V(255.255.255.0)). Use this or O(prefix).
+    type: str
+  prefix:
+    description: IPv4 prefix length (V(24)). Use this or O(netmask).
+    type: int
+  dhcp_range:
+    description: DHCP address range; both ends must lie inside the network.
+    type: dict
+    suboptions:
+      start: {description: First address., type: str, required: true}
+      end: {description: Last address., type: str, required: true}
+  hosts:
+    description:
+      - Static DHCP host entries. When given, this is the complete list; entries not listed
+        are removed. Changed live on an active network.
+    type: list
+    elements: dict
+    suboptions:
+      mac: {description: MAC address of the guest interface., type: str, required: true}
+      ip: {description: Address to hand out; inside the network., type: str, required: true}
+      name: {description: Host name handed out with the lease., type: str}
+  dns_hosts:
+    description:
+      - DNS host entries (like /etc/hosts lines). When given, this is the complete list.
+        Changed live on an active network.
+    type: list
+    elements: dict
+    suboptions:
+      ip: {description: Address., type: str, required: true}
+      hostnames: {description: Names for it., type: list, elements: str, required: true}
+  autostart:
+    description: Start the network when libvirtd starts. Left as it is when not set.
+    type: bool
+  restart:
+    description:
+      - Restart an active network when a change needs it (see RV(restart_required)).
+      - Running guests lose connectivity until their interfaces are reattached.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - mlinfra.kvm.libvirt
+author:
+  - mlinfra.kvm contributors
+'''
+
+EXAMPLES = r'''
+- name: Lab network with NAT, DHCP and fixed addresses for the workers
+  mlinfra.kvm.network:
+    name: mlinfra-lab
+    mode: nat
+    address: 192.168.150.1
+    prefix: 24
+    domain: lab.internal
+    dhcp_range: {start: 192.168.150.100, end: 192.168.150.200}
+    hosts:
+      - {mac: "52:54:00:aa:00:01", ip: 192.168.150.11, name: worker-1}
+    dns_hosts:
+      - {ip: 192.168.150.5, hostnames: [mlflow.lab.internal]}
+    autostart: true
+
+- name: Guests on the host's existing bridge br0
+  mlinfra.kvm.network:
+    name: datacenter
+    mode: bridge
+    bridge: br0
+'''
+
+RETURN = r'''
+network:
+  description: The network after the run (predicted in check mode).
+  returned: always
+  type: dict
+  contains:
+    name: {description: Name., type: str}
+    state: {description: V(active), V(inactive) or V(absent)., type: str}
+    autostart: {description: Autostart flag., type: bool}
+    mode: {description: Forward mode., type: str}
+    bridge: {description: Bridge device., type: str}
+    address: {description: Host address., type: str}
+    prefix: {description: Prefix length., type: int}
+    dhcp_range: {description: DHCP range., type: dict}
+    hosts: {description: Static DHCP hosts., type: list, elements: dict}
+    dns_hosts: {description: DNS host entries., type: list, elements: dict}
+restart_required:
+  description: The persistent definition differs from the running network in a way only a restart applies.
+  returned: always
+  type: bool
+pending:
+  description: The fields that wait for a restart.
+  returned: always
+  type: list
+  elements: str
+xml:
+  description: The persistent XML definition (empty when absent or in check mode).
+  returned: always
+  type: str
+actions:
+  description: Side effects performed (or that would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+'''
+
+import ipaddress
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt, lookup
+from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
+from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import ipv4_address, mac_address, object_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _xml as X
+
+# Fields applied live through virNetworkUpdate; every other field needs a restart.
+LIVE_FIELDS = ("hosts", "dns_hosts")
+RESTART_FIELDS = ("mode", "bridge", "forward_dev", "domain", "mtu", "address", "prefix", "dhcp_range")
+ALL_FIELDS = RESTART_FIELDS + LIVE_FIELDS
+
+
+# -- the request ------------------------------------------------------------------------------
+
+def _host_key(host: Dict[str, Any]) -> Tuple:
+    return (host["mac"], host["ip"], host.get("name") or "")
+
+
+def _dns_key(host: Dict[str, Any]) -> Tuple:
+    return (host["ip"], tuple(host["hostnames"]))
+
+
+def sort_hosts(hosts: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return sorted(hosts, key=_host_key)
+
+
+def sort_dns(hosts: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return sorted(hosts, key=_dns_key)
+
+
+def validated_request(params: Dict[str, Any], local: bool) -> Dict[str, Any]:
+    """The normalised spec of the fields the user set; raises InvalidInputError."""
+    object_name("name", params["name"])
+    mode = params["mode"]
+    spec: Dict[str, Any] = {"mode": mode}
+    for field in ("bridge", "forward_dev", "domain", "mtu"):
+        if params[field] is not None:
+            spec[field] = params[field]
+    if params["bridge"] is not None:
+        object_name("bridge", params["bridge"])
+    if params["domain"] is not None and not all(part and part.replace("-", "").isalnum()
+                                                for part in params["domain"].split(".")):
+        raise InvalidInputError("domain", params["domain"], "is not a DNS domain", "use labels of letters, digits and '-'")
+    if mode == "bridge":
+        return _bridge_request(params, spec, local)
+    network = _ip_request(params, spec)
+    if params["hosts"] is not None:
+        spec["hosts"] = _hosts_request(params["hosts"], network)
+    if params["dns_hosts"] is not None:
+        spec["dns_hosts"] = _dns_request(params["dns_hosts"])
+    return spec
+
+
+def _bridge_request(params: Dict[str, Any], spec: Dict[str, Any], local: bool) -> Dict[str, Any]:
+    if not params["bridge"]:
+        raise InvalidInputError("bridge", None, "is required with mode: bridge",
+                                "name the existing host bridge, e.g. bridge: br0")
+    for field in ("address", "netmask", "prefix", "dhcp_range", "hosts", "dns_hosts", "forward_dev", "domain"):
+        if params[field]:
+            raise InvalidInputError(field, params[field], "does not apply to mode: bridge",
+                                    "remove it (the host bridge's own network serves addresses)")
+    if local and not os.path.isdir("/sys/class/net/%s/bridge" % params["bridge"]):
+        raise InvalidInputError("bridge", params["bridge"], "is not a bridge on this host",
+                                "create the bridge first (e.g. with the host's network configuration)")
+    return spec
+
+
+def _ip_request(params: Dict[str, Any], spec: Dict[str, Any]) -> Optional[ipaddress.IPv4Network]:
+    if params["address"] is None:
+        for field in ("netmask", "prefix", "dhcp_range", "hosts"):
+            if params[field]:
+                raise InvalidInputError(field, params[field], "needs an address",
+                                        "set address (and prefix) for the network")
+        return None
+    address = ipv4_address("address", params["address"])
+    if params["netmask"] is not None:
+        try:
+            prefix = ipaddress.IPv4Network("0.0.0.0/%s" % params["netmask"]).prefixlen
+        except ValueError:
+            raise InvalidInputError("netmask", params["netmask"], "is not a netmask", "write e.g. 255.255.255.0")
+    else:
+        prefix = params["prefix"] if params["prefix"] is not None else 24
+    if not 8 <= prefix <= 30:
+        raise InvalidInputError("prefix", prefix, "is out of range", "use a prefix from 8 to 30")
+    network = ipaddress.IPv4Network("%s/%d" % (address, prefix), strict=False)
+    if address in (network.network_address, network.broadcast_address):
+        raise InvalidInputError("address", params["address"],
+                                "is the network or broadcast address of %s" % network,
+                                "use a host address such as %s" % next(network.hosts()))
+    spec.update(address=str(address), prefix=prefix)
+    if params["dhcp_range"]:
+        start = _inside(network, "dhcp_range.start", params["dhcp_range"]["start"])
+        end = _inside(network, "dhcp_range.end", params["dhcp_range"]["end"])
+        if start > end:
+            raise InvalidInputError("dhcp_range", params["dhcp_range"], "starts after it ends",
+                                    "swap start and end")
+        if start <= address <= end:
+            raise InvalidInputError("dhcp_range", params["dhcp_range"], "contains the host address %s" % address,
+                                    "start the range after the host address")
+        spec["dhcp_range"] = {"start": str(start), "end": str(end)}
+    return network
+
+
+def _inside(network: ipaddress.IPv4Network, option: str, value: Any) -> ipaddress.IPv4Address:
+    ip = ipv4_address(option, value)
+    if ip not in network or ip in (network.network_address, network.broadcast_address):
+        raise InvalidInputError(option, value, "is outside the network %s" % network,
+                                "use an address between %s and %s" % (network.network_address + 1,
+                                                                      network.broadcast_address - 1))
+    return ip
+
+
+def _hosts_request(hosts: List[Dict[str, Any]], network: Optional[ipaddress.IPv4Network]) -> List[Dict[str, Any]]:
+    out: List[Dict[str, Any]] = []
+    seen: Dict[str, Dict[str, int]] = {"mac": {}, "ip": {}, "name": {}}
+    for index, host in enumerate(hosts):
+        option = "hosts[%d]" % index
+        entry = {"mac": mac_address(option + ".mac", host["mac"]),
+                 "ip": str(_inside(network, option + ".ip", host["ip"]))}
+        if host.get("name"):
+            object_name(option + ".name", host["name"])
+            entry["name"] = host["name"]
+        for key in ("mac", "ip", "name"):
+            value = entry.get(key)
+            if value is None:
+                continue
+            if value in seen[key]:
+                raise InvalidInputError(option + "." + key, value,
+                                        "is already used by hosts[%d]" % seen[key][value],
+                                        "give every host entry its own %s" % key.upper() if key != "name"
+                                        else "give every host entry its own name")
+            seen[key][value] = index
+        out.append(entry)
+    return sort_hosts(out)
+
+
+def _dns_request(hosts: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    out = []
+    for index, host in enumerate(hosts):
+        option = "dns_hosts[%d]" % index
+        ip = ipv4_address(option + ".ip", host["ip"])
+        if not host["hostnames"]:
+            raise InvalidInputError(option + ".hostnames", host["hostnames"], "is empty", "give at least one name")
+        out.append({"ip": str(ip), "hostnames": sorted(host["hostnames"])})
+    return sort_dns(out)
+
+
+# -- XML ----------------------------------------------------------------------------------------
+
+def spec_from_xml(xml: str) -> Dict[str, Any]:
+    root = X.parse(xml)
+    forward = root.find("forward")
+    spec: Dict[str, Any] = {
+        "mode": forward.get("mode", "nat") if forward is not None else "isolated",
+        "bridge": X.attr(root, "bridge", "name"),
+        "forward_dev": forward.get("dev") if forward is not None else None,
+        "domain": X.attr(root, "domain", "name"),
+        "mtu": int(X.attr(root, "mtu", "size")) if root.find("mtu") is not None else None,
+        "address": None, "prefix": None, "dhcp_range": None, "hosts": [], "dns_hosts": [],
+    }
+    for ip in root.findall("ip"):
+        if ip.get("family", "ipv4") != "ipv4":
+            continue
+        spec["address"] = ip.get("address")
+        if ip.get("prefix"):
+            spec["prefix"] = int(ip.get("prefix"))
+        elif ip.get("netmask"):
+            spec["prefix"] = ipaddress.IPv4Network("0.0.0.0/%s" % ip.get("netmask")).prefixlen
+        rng = ip.find("dhcp/range")
+        if rng is not None:
+            spec["dhcp_range"] = {"start": rng.get("start"), "end": rng.get("end")}
+        hosts = []
+        for host in ip.findall("dhcp/host"):
+            entry = {"mac": (host.get("mac") or "").lower(), "ip": host.get("ip")}
+            if host.get("name"):
+                entry["name"] = host.get("name")
+            hosts.append(entry)
+        spec["hosts"] = sort_hosts(hosts)
+        break
+    spec["dns_hosts"] = sort_dns([{"ip": h.get("ip"), "hostnames": sorted(n.text for n in h.findall("hostname"))}
+                                  for h in root.findall("dns/host")])
+    return spec
+
+
+def host_xml(host: Dict[str, Any]) -> str:
+    return X.to_string(X.element("host", {"mac": host["mac"], "ip": host["ip"], "name": host.get("name")}))
+
+
+def dns_host_xml(host: Dict[str, Any]) -> str:
+    el = X.element("host", {"ip": host["ip"]})
+    for name in host["hostnames"]:
+        X.sub(el, "hostname", text=name)
+    return X.to_string(el)
+
+
+def build_xml(name: str, spec: Dict[str, Any], uuid: Optional[str] = None, mac: Optional[str] = None) -> str:
+    root = X.element("network")
+    X.sub(root, "name", text=name)
+    if uuid:
+        X.sub(root, "uuid", text=uuid)
+    mode = spec["mode"]
+    if mode != "isolated":
+        X.sub(root, "forward", {"mode": mode, "dev": spec.get("forward_dev")})
+    if mode == "bridge":
+        X.sub(root, "bridge", {"name": spec["bridge"]})
+        return X.to_string(root)
+    X.sub(root, "bridge", {"name": spec.get("bridge"), "stp": True, "delay": 0})
+    if spec.get("mtu"):
+        X.sub(root, "mtu", {"size": spec["mtu"]})
+    if mac:
+        X.sub(root, "mac", {"address": mac})
+    if spec.get("domain"):
+        X.sub(root, "domain", {"name": spec["domain"], "localOnly": True})
+    if spec.get("dns_hosts"):
+        dns = X.sub(root, "dns")
+        for host in spec["dns_hosts"]:
+            dns.append(X.parse(dns_host_xml(host)))
+    if spec.get("address"):
+        ip = X.sub(root, "ip", {"address": spec["address"], "prefix": spec["prefix"]})
+        if spec.get("dhcp_range") or spec.get("hosts"):
+            dhcp = X.sub(ip, "dhcp")
+            if spec.get("dhcp_range"):
+                X.sub(dhcp, "range", {"start": spec["dhcp_range"]["start"], "end": spec["dhcp_range"]["end"]})
+            for host in spec.get("hosts") or []:
+                dhcp.append(X.parse(host_xml(host)))
+    return X.to_string(root)
+
+
+# -- libvirt ------------------------------------------------------------------------------------
+
+class NetworkService:
+    """The only code that talks to libvirt for networks."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def get(self, name: str) -> Optional[Any]:
+        return lookup("looking up network %s" % name, self.conn.networkLookupByName, name,
+                      (libvirt.VIR_ERR_NO_NETWORK,))
+
+    def xml(self, net: Any, inactive: bool) -> str:
+        return call("reading network XML", net.XMLDesc, libvirt.VIR_NETWORK_XML_INACTIVE if inactive else 0)
+
+    def define(self, xml: str) -> Any:
+        return call("defining network", self.conn.networkDefineXML, xml)
+
+    def start(self, net: Any) -> None:
+        call("starting network %s" % net.name(), net.create)
+
+    def stop(self, net: Any) -> None:
+        call("stopping network %s" % net.name(), net.destroy)
+
+    def undefine(self, net: Any) -> None:
+        call("undefining network %s" % net.name(), net.undefine)
+
+    def set_autostart(self, net: Any, value: bool) -> None:
+        call("setting autostart of network %s" % net.name(), net.setAutostart, int(value))
+
+    def update(self, net: Any, command: int, section: int, xml: str, live: bool) -> None:
+        flags = libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
+        if live:
+            flags |= libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE
+        call("updating network %s" % net.name(), net.update, command, section, -1, xml, flags)
+
+    def describe(self, net: Optional[Any], name: str) -> Dict[str, Any]:
+        if net is None:
+            return {"name": name, "state": "absent"}
+        out = {"name": name, "uuid": net.UUIDString(), "state": "active" if net.isActive() else "inactive",
+               "autostart": bool(net.autostart())}
+        out.update(spec_from_xml(self.xml(net, inactive=True)))
+        return out
+
+
+# -- decisions --------------------------------------------------------------------------------
+
+class NetworkRunner:
+    def __init__(self, module: AnsibleModule, service: NetworkService, local: bool) -> None:
+        self.module = module
+        self.params = module.params
+        self.service = service
+        self.local = local
+        self.check = module.check_mode
+        self.tracker = DifferenceTracker()
+        # Check mode cannot read the result back: ensure_defined predicts what waits for a restart.
+        self.predicted_pending: List[str] = []
+
+    def run(self) -> Dict[str, Any]:
+        p = self.params
+        name = p["name"]
+        object_name("name", name)
+        request = validated_request(p, self.local) if p["state"] != "absent" else {}
+        net = self.service.get(name)
+        before = self.service.describe(net, name)
+        if p["state"] == "absent":
+            self.ensure_absent(net)
+        else:
+            net = self.ensure_defined(net, before, request)
+            self.ensure_running_state(net, before)
+            self.ensure_autostart(net)
+        if self.check:
+            after = dict(before)
+            after.update(self.tracker.get_after())
+            if after.get("state") == "absent":
+                after = {"name": name, "state": "absent"}
+            pending = self.predicted_pending
+            xml = ""
+        else:
+            net = self.service.get(name)
+            after = self.service.describe(net, name)
+            pending = self.pending(net)
+            xml = self.service.xml(net, inactive=True) if net is not None else ""
+        fields = ["state", "autostart"] + [f for f in ALL_FIELDS if f in request]
+        result = {"changed": self.tracker.changed, "actions": self.tracker.actions, "network": after,
+                  "restart_required": bool(pending), "pending": pending, "xml": xml}
+        if self.module._diff:
+            result["diff"] = self.tracker.diff({f: before.get(f) for f in fields if f in before or f == "state"},
+                                               {f: after.get(f) for f in fields if f in after or f == "state"})
+        return result
+
+    def pending(self, net: Optional[Any]) -> List[str]:
+        """Fields whose persistent value differs from the running network."""
+        if net is None or not net.isActive():
+            return []
+        live = spec_from_xml(self.service.xml(net, inactive=False))
+        config = spec_from_xml(self.service.xml(net, inactive=True))
+        return [f for f in RESTART_FIELDS if live.get(f) != config.get(f)]
+
+    def ensure_absent(self, net: Optional[Any]) -> None:
+        if net is None:
+            return
+        self.tracker.add("state", "active" if net.isActive() else "inactive", "absent")
+        if net.isActive():
+            self.tracker.action("stop")
+            if not self.check:
+                self.service.stop(net)
+        self.tracker.action("undefine")
+        if not self.check:
+            self.service.undefine(net)
+
+    def ensure_defined(self, net: Optional[Any], before: Dict[str, Any], request: Dict[str, Any]) -> Optional[Any]:
+        name = self.params["name"]
+        if net is None:
+            for field, value in request.items():
+                self.tracker.add(field, None, value)
+            self.tracker.action("define")
+            return None if self.check else self.service.define(build_xml(name, request))
+        changed = [f for f in request if self.tracker.add(f, before.get(f), request[f])]
+        if not changed:
+            self.predicted_pending = self.pending(net)
+            if self.predicted_pending and self.params["restart"]:
+                self.restart(net)
+            return net
+        active = bool(net.isActive())
+        live_only = all(f in LIVE_FIELDS for f in changed)
+        if active and live_only:
+            self.update_hosts_live(net, before, request)
+            self.predicted_pending = self.pending(net)
+            return net
+        merged = {f: before.get(f) for f in ALL_FIELDS}
+        merged.update(request)
+        root = X.parse(self.service.xml(net, inactive=True))
+        self.tracker.action("redefine")
+        if not self.check:
+            net = self.service.define(build_xml(name, merged, net.UUIDString(), X.attr(root, "mac", "address")))
+        restart_fields = [f for f in changed if f in RESTART_FIELDS]
+        if active and self.params["restart"]:
+            self.restart(net)
+        elif active:
+            live = spec_from_xml(self.service.xml(net, inactive=False))
+            self.predicted_pending = [f for f in RESTART_FIELDS if live.get(f) != merged.get(f)] or restart_fields
+        return net
+
+    def restart(self, net: Any) -> None:
+        self.tracker.action("restart")
+        if not self.check:
+            self.service.stop(net)
+            self.service.start(net)
+        self.predicted_pending = []
+
+    def update_hosts_live(self, net: Any, before: Dict[str, Any], request: Dict[str, Any]) -> None:
+        sections = (("hosts", libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST, host_xml, "DHCP host"),
+                    ("dns_hosts", libvirt.VIR_NETWORK_SECTION_DNS_HOST, dns_host_xml, "DNS host"))
+        for field, section, to_xml, label in sections:
+            if field not in request:
+                continue
+            old = {to_xml(h): h for h in before.get(field) or []}
+            new = {to_xml(h): h for h in request[field]}
+            # Deletions first: a modified entry may reuse the IP or name of a removed one.
+            for xml in [x for x in old if x not in new]:
+                self.tracker.action("live delete %s %s" % (label, old[xml].get("mac") or old[xml]["ip"]))
+                if not self.check:
+                    self.service.update(net, libvirt.VIR_NETWORK_UPDATE_COMMAND_DELETE, section, xml, live=True)
+            for xml in [x for x in new if x not in old]:
+                self.tracker.action("live add %s %s" % (label, new[xml].get("mac") or new[xml]["ip"]))
+                if not self.check:
+                    self.service.update(net, libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST, section, xml, live=True)
+
+    def ensure_running_state(self, net: Optional[Any], before: Dict[str, Any]) -> None:
+        active = net is not None and bool(net.isActive())
+        if self.params["state"] == "active" and not active:
+            self.tracker.add("state", before["state"] if before["state"] != "absent" else "absent", "active")
+            self.tracker.action("start")
+            if not self.check:
+                self.service.start(net)
+        elif before["state"] == "absent":
+            self.tracker.add("state", "absent", "inactive")
+
+    def ensure_autostart(self, net: Optional[Any]) -> None:
+        wanted = self.params["autostart"]
+        if wanted is None:
+            return
+        current = bool(net.autostart()) if net is not None else False
+        if self.tracker.add("autostart", current, wanted):
+            self.tracker.action("autostart %s" % ("on" if wanted else "off"))
+            if not self.check:
+                self.service.set_autostart(net, wanted)
+
+
+def main() -> None:
+    argument_spec: Dict[str, Any] = dict(
+        name=dict(type="str", required=True),
+        state=dict(type="str", default="active", choices=["active", "present", "absent"]),
+        mode=dict(type="str", default="nat", choices=["nat", "route", "isolated", "bridge"]),
+        bridge=dict(type="str"),
+        forward_dev=dict(type="str"),
+        domain=dict(type="str"),
+        mtu=dict(type="int"),
+        address=dict(type="str"),
+        netmask=dict(type="str"),
+        prefix=dict(type="int"),
+        dhcp_range=dict(type="dict", options=dict(start=dict(type="str", required=True),
+                                                  end=dict(type="str", required=True))),
+        hosts=dict(type="list", elements="dict", options=dict(mac=dict(type="str", required=True),
+                                                              ip=dict(type="str", required=True),
+                                                              name=dict(type="str"))),
+        dns_hosts=dict(type="list", elements="dict", options=dict(ip=dict(type="str", required=True),
+                                                                  hostnames=dict(type="list", elements="str",
+                                                                                 required=True))),
+        autostart=dict(type="bool"),
+        restart=dict(type="bool", default=False),
+    )
+    argument_spec.update(LIBVIRT_ARGSPEC)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+                           mutually_exclusive=[("netmask", "prefix")])
+
+    def runner() -> Dict[str, Any]:
+        with Connection(module.params["uri"]) as connection:
+            return NetworkRunner(module, NetworkService(connection.conn), is_local(connection.uri)).run()
+
+    run(module, runner)
+
+
+if __name__ == "__main__":
+    main()
