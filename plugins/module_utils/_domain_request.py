@@ -1,0 +1,401 @@
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Turn the domain module's options into desired field values (see ``_domain_spec``).
+
+Everything here runs before any side effect: bad input raises InvalidInputError (naming
+option, value and fix), references to things that do not exist (networks, volumes, PCI
+devices) and hostdevs that cannot be passed through raise too, so a refused request
+changes nothing.
+
+Only options the user set become fields; defaults for a *new* domain (q35, BIOS, a serial
+console, rng, guest agent...) are added by :func:`creation_defaults`, so an update never
+touches what the user did not ask about.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional
+
+from ._domain_pci import VFIO_DRIVER
+from ._domain_spec import (
+    DEFAULT_OVMF_CODE, DEFAULT_OVMF_VARS, assign_targets, derived_mac, hostdev_addresses,
+    is_xml_name, parse_cpuset, read_max_memory, read_max_vcpus, read_memory, read_vcpus)
+from ._errors import ConflictError, InvalidInputError
+from ._validate import absolute_path, mac_address, object_name, pci_address, size_bytes
+
+_HEX4_RE = re.compile(r"^(?:0x)?([0-9a-fA-F]{4})$")
+_BARE_NUMBER_RE = re.compile(r"^\s*\d+\s*$")
+
+
+def memory_kib(option: str, value: Any) -> Optional[int]:
+    """Sizes with a unit (2G, 512M, 1.5GiB); a bare number means MiB, as in virt-install."""
+    if value is None:
+        return None
+    if isinstance(value, int) or _BARE_NUMBER_RE.match(str(value)):
+        return int(value) * 1024
+    size = size_bytes(option, value)
+    if size < 1024 * 1024 or size % 1024:
+        raise InvalidInputError(option, value, "is too small or not a whole number of KiB",
+                                "give at least 1M, e.g. 2G or 512M")
+    return size // 1024
+
+
+def _cpuset(option: str, value: Any) -> List[int]:
+    try:
+        cpus = parse_cpuset(value)
+    except ValueError:
+        cpus = None
+    if not cpus:
+        raise InvalidInputError(option, value, "is not a CPU/node set",
+                                "write a list such as '0-3', '2,4' or '0-7,^3'")
+    return cpus
+
+
+def _hex4(option: str, value: Any) -> str:
+    match = _HEX4_RE.match(str(value).strip()) if value is not None else None
+    if not match:
+        raise InvalidInputError(option, value, "is not a 4-digit PCI id",
+                                "write hex digits as lspci -nn shows them, e.g. 10de")
+    return match.group(1).lower()
+
+
+class DomainRequest:
+    """The validated request: ``desired`` field values plus what the runner needs besides."""
+
+    def __init__(self, params: Dict[str, Any], service: Any, existing_root: Any) -> None:
+        self.params = params
+        self.service = service
+        self.existing = existing_root
+        self.name = object_name("name", params["name"])
+        self.desired: Dict[str, Any] = {}
+        self.new_hostdevs: List[str] = []
+
+    # ------------------------------------------------------------------ entry point
+    def build(self) -> Dict[str, Any]:
+        p = self.params
+        d = self.desired
+        if p.get("virt_type"):
+            d["virt_type"] = p["virt_type"]
+        if p.get("machine"):
+            d["machine"] = p["machine"]
+        if p.get("arch"):
+            d["arch"] = p["arch"]
+        self._memory_and_vcpus()
+        self._cpu()
+        self._firmware()
+        self._storage()
+        self._interfaces()
+        for option in ("rng", "guest_agent", "memballoon"):
+            if p.get(option) is not None:
+                d[option] = p[option]
+        if p.get("console") is not None or p.get("console_log"):
+            log = absolute_path("console_log", p["console_log"]) if p.get("console_log") else None
+            d["console"] = {"enabled": p.get("console") is not False, "log": log}
+            if log and p.get("console") is False:
+                raise InvalidInputError("console_log", log, "needs a serial console",
+                                        "drop console: false or console_log")
+        if p.get("hide_hypervisor") is not None:
+            vendor = p.get("hypervisor_vendor_id") or "mlinfra"
+            if not re.match(r"^[A-Za-z0-9]{1,12}$", vendor):
+                raise InvalidInputError("hypervisor_vendor_id", vendor, "is not 1-12 letters or digits",
+                                        "use a short alphanumeric string such as 'mlinfra'")
+            d["hide_hypervisor"] = ({"kvm_hidden": True, "vendor_id": vendor} if p["hide_hypervisor"]
+                                    else {"kvm_hidden": False, "vendor_id": None})
+        if p.get("metadata") is not None:
+            d["metadata"] = self._metadata(p["metadata"])
+        if p.get("description") is not None:
+            d["description"] = p["description"] or None
+        self._hostdevs()
+        return d
+
+    def creation_defaults(self) -> None:
+        """Fill what a new domain needs and the user left out."""
+        p, d = self.params, self.desired
+        if d.get("memory_kib") is None or d.get("vcpus") is None:
+            missing = "memory" if d.get("memory_kib") is None else "vcpus"
+            raise InvalidInputError(missing, None, "is required to define domain %s, which does not "
+                                    "exist yet" % self.name, "set memory and vcpus")
+        d.setdefault("virt_type", "kvm" if self.service.kvm_available() else "qemu")
+        d.setdefault("machine", "q35")
+        d.setdefault("arch", "x86_64")
+        d.setdefault("max_memory_kib", d["memory_kib"])
+        d.setdefault("max_vcpus", d["vcpus"])
+        cpu = d.setdefault("cpu", {"mode": None, "sockets": None, "cores": None, "threads": None})
+        if cpu.get("mode") is None:
+            # host-passthrough needs KVM; TCG offers 'maximum' (see lab-facts).
+            cpu["mode"] = "host-passthrough" if d["virt_type"] == "kvm" else "maximum"
+        d.setdefault("firmware", {"type": "bios"})
+        if d["firmware"]["type"] != "kernel":
+            d.setdefault("boot", ["hd"])
+        d.setdefault("console", {"enabled": True, "log": None})
+        d.setdefault("rng", True)
+        d.setdefault("guest_agent", True)
+        self._check_limits(d["memory_kib"], d["max_memory_kib"], d["vcpus"], d["max_vcpus"])
+        _ = p
+
+    # ------------------------------------------------------------------ parts
+    def _memory_and_vcpus(self) -> None:
+        p, d = self.params, self.desired
+        mem = memory_kib("memory", p.get("memory"))
+        max_mem = memory_kib("max_memory", p.get("max_memory"))
+        for option, value in (("vcpus", p.get("vcpus")), ("max_vcpus", p.get("max_vcpus"))):
+            if value is not None and value < 1:
+                raise InvalidInputError(option, value, "is below 1", "give at least 1 vCPU")
+        if mem is not None:
+            d["memory_kib"] = mem
+        if max_mem is not None:
+            d["max_memory_kib"] = max_mem
+        if p.get("vcpus") is not None:
+            d["vcpus"] = p["vcpus"]
+        if p.get("max_vcpus") is not None:
+            d["max_vcpus"] = p["max_vcpus"]
+        if self.existing is not None:
+            self._check_limits(
+                d.get("memory_kib", read_memory(self.existing)),
+                d.get("max_memory_kib", read_max_memory(self.existing)),
+                d.get("vcpus", read_vcpus(self.existing)),
+                d.get("max_vcpus", read_max_vcpus(self.existing)))
+
+    def _check_limits(self, mem: Optional[int], max_mem: Optional[int],
+                      vcpus: Optional[int], max_vcpus: Optional[int]) -> None:
+        if mem is not None and max_mem is not None and mem > max_mem:
+            option = "memory" if self.params.get("memory") is not None else "max_memory"
+            raise InvalidInputError(
+                option, self.params.get(option),
+                "is above the domain's maximum memory (%d MiB)" % (max_mem // 1024),
+                "lower memory or raise max_memory (a new maximum needs a restart)")
+        if vcpus is not None and max_vcpus is not None and vcpus > max_vcpus:
+            option = "vcpus" if self.params.get("vcpus") is not None else "max_vcpus"
+            raise InvalidInputError(
+                option, self.params.get(option), "is above the domain's maximum vCPUs (%d)" % max_vcpus,
+                "lower vcpus or raise max_vcpus (a new maximum needs a restart)")
+
+    def _cpu(self) -> None:
+        p, d = self.params, self.desired
+        cpu = p.get("cpu")
+        if cpu:
+            d["cpu"] = {k: cpu.get(k) for k in ("mode", "sockets", "cores", "threads")}
+            topo = [cpu.get(k) for k in ("sockets", "cores", "threads")]
+            if any(topo):
+                if not all(topo):
+                    raise InvalidInputError("cpu", cpu, "sets only part of the topology",
+                                            "set cpu.sockets, cpu.cores and cpu.threads together")
+                total = topo[0] * topo[1] * topo[2]
+                max_vcpus = p.get("max_vcpus") or p.get("vcpus") or (
+                    read_max_vcpus(self.existing) if self.existing is not None else None)
+                if max_vcpus and total != max_vcpus:
+                    raise InvalidInputError(
+                        "cpu", cpu, "has sockets*cores*threads = %d, not the maximum vCPUs (%d)"
+                        % (total, max_vcpus), "make the topology multiply to max_vcpus")
+        pinning = p.get("cpu_pinning")
+        if pinning is not None:
+            pins = []
+            for index, pin in enumerate(pinning.get("vcpupin") or []):
+                pins.append({"vcpu": pin["vcpu"],
+                             "cpuset": _cpuset("cpu_pinning.vcpupin[%d].cpuset" % index, pin["cpuset"])})
+            d["cputune"] = {"vcpupin": sorted(pins, key=lambda x: x["vcpu"]),
+                            "emulatorpin": (_cpuset("cpu_pinning.emulatorpin", pinning["emulatorpin"])
+                                            if pinning.get("emulatorpin") else None)}
+        numa = p.get("numa_tuning")
+        if numa is not None:
+            d["numatune"] = {"mode": numa.get("mode") or "strict",
+                             "nodeset": _cpuset("numa_tuning.nodeset", numa.get("nodeset"))}
+        if p.get("hugepages") is not None:
+            page = size_bytes("hugepage_size", p.get("hugepage_size")) if p.get("hugepage_size") else None
+            d["hugepages"] = {"enabled": bool(p["hugepages"]),
+                              "page_size_kib": page // 1024 if page and p["hugepages"] else None}
+
+    def _firmware(self) -> None:
+        p, d = self.params, self.desired
+        firmware = p.get("firmware")
+        if firmware is None and p.get("kernel"):
+            firmware = "kernel"
+        if firmware is None:
+            for option in ("initrd", "cmdline"):
+                if p.get(option):
+                    raise InvalidInputError(option, p[option], "is set without firmware",
+                                            "set firmware: kernel and kernel with initrd and cmdline")
+        if firmware == "uefi":
+            d["firmware"] = {"type": "uefi",
+                             "loader": absolute_path("ovmf_code", p.get("ovmf_code") or DEFAULT_OVMF_CODE),
+                             "nvram_template": absolute_path("ovmf_vars", p.get("ovmf_vars") or DEFAULT_OVMF_VARS)}
+            for option in ("ovmf_code", "ovmf_vars"):
+                path = d["firmware"]["loader" if option == "ovmf_code" else "nvram_template"]
+                if self.service.path_exists(path) is False:
+                    raise InvalidInputError(option, path, "does not exist",
+                                            "install the ovmf package or give the OVMF file's path")
+        elif firmware == "kernel":
+            if not p.get("kernel"):
+                raise InvalidInputError("kernel", None, "is required with firmware: kernel",
+                                        "give the path of the guest kernel (vmlinuz)")
+            d["firmware"] = {"type": "kernel", "kernel": absolute_path("kernel", p["kernel"]),
+                             "initrd": absolute_path("initrd", p["initrd"]) if p.get("initrd") else None,
+                             "cmdline": p.get("cmdline") or None}
+        elif firmware == "bios":
+            d["firmware"] = {"type": "bios"}
+        if p.get("boot") is not None:
+            d["boot"] = list(p["boot"])
+
+    def _storage(self) -> None:
+        p, d = self.params, self.desired
+        disks = [self._disk("disks[%d]" % i, item, "disk") for i, item in enumerate(p.get("disks") or [])]
+        cdroms = [self._disk("cdroms[%d]" % i, item, "cdrom") for i, item in enumerate(p.get("cdroms") or [])]
+        assign_targets(disks, cdroms)
+        targets = [x["target"] for x in disks + cdroms]
+        if len(set(targets)) != len(targets):
+            raise InvalidInputError("disks", targets, "use one target name twice",
+                                    "give each disk and cdrom its own target (vda, vdb, sda...)")
+        if p.get("disks") is not None:
+            d["disks"] = sorted(disks, key=lambda x: x["target"])
+        if p.get("cdroms") is not None:
+            d["cdroms"] = sorted(cdroms, key=lambda x: x["target"])
+
+    def _disk(self, option: str, item: Dict[str, Any], device: str) -> Dict[str, Any]:
+        pool, volume, path = item.get("pool"), item.get("volume"), item.get("path")
+        if bool(path) == bool(pool or volume) or bool(pool) != bool(volume):
+            raise InvalidInputError(option, item, "needs either pool and volume, or path",
+                                    "give pool + volume for a pool volume, or path for a file")
+        fmt = item.get("format")
+        if pool:
+            if not self.service.pool_exists(pool):
+                raise InvalidInputError(option + ".pool", pool, "is not a storage pool of this libvirt",
+                                        "create it first (mlinfra.kvm.pool) or fix the name")
+            found = self.service.volume_format(pool, volume)
+            if found is None:
+                raise InvalidInputError(option + ".volume", volume,
+                                        "does not exist in pool %s (or the pool is not active)" % pool,
+                                        "create it first (mlinfra.kvm.volume) or fix the name")
+            fmt = fmt or found
+        else:
+            path = absolute_path(option + ".path", path)
+            if self.service.path_exists(path) is False:
+                raise InvalidInputError(option + ".path", path, "does not exist",
+                                        "create the image first or fix the path")
+            fmt = fmt or ("qcow2" if path.endswith(".qcow2") else "raw")
+        out = {"pool": pool, "volume": volume, "path": path, "format": fmt,
+               "bus": item.get("bus") or ("virtio" if device == "disk" else "sata"),
+               "target": item.get("target")}
+        if device == "disk":
+            out["readonly"] = bool(item.get("readonly"))
+        return out
+
+    def _interfaces(self) -> None:
+        p = self.params
+        if p.get("interfaces") is None:
+            return
+        out = []
+        for index, item in enumerate(p["interfaces"]):
+            option = "interfaces[%d]" % index
+            network, bridge = item.get("network"), item.get("bridge")
+            if bool(network) == bool(bridge):
+                raise InvalidInputError(option, item, "needs exactly one of network or bridge",
+                                        "give the libvirt network name (network) or a host bridge (bridge)")
+            if network and not self.service.network_exists(network):
+                raise InvalidInputError(option + ".network", network, "is not a libvirt network here",
+                                        "define it first (mlinfra.kvm.network) or fix the name")
+            mac = (mac_address(option + ".mac", item["mac"]) if item.get("mac")
+                   else derived_mac(self.name, index))
+            out.append({"network": network, "bridge": bridge, "model": item.get("model") or "virtio",
+                        "mac": mac})
+        macs = [x["mac"] for x in out]
+        if len(set(macs)) != len(macs):
+            raise InvalidInputError("interfaces", macs, "repeat a MAC address", "give each interface its own MAC")
+        self.desired["interfaces"] = out
+
+    def _metadata(self, value: Dict[str, Any]) -> Dict[str, str]:
+        out = {}
+        for key, item in value.items():
+            if not is_xml_name(str(key)):
+                raise InvalidInputError("metadata", key, "is not usable as an XML element name",
+                                        "use keys of letters, digits, '_', '-' and '.', starting with a letter")
+            if isinstance(item, (dict, list)):
+                raise InvalidInputError("metadata.%s" % key, item, "is not a scalar",
+                                        "give strings (join lists with commas)")
+            out[str(key)] = "" if item is None else str(item)
+        return out
+
+    # ------------------------------------------------------------------ hostdevs
+    def _hostdevs(self) -> None:
+        items = self.params.get("hostdevs")
+        if items is None:
+            return
+        # Parse every entry before looking at the host: a malformed address is bad input
+        # whatever the host holds.
+        parsed = []
+        for index, item in enumerate(items):
+            option = "hostdevs[%d]" % index
+            if bool(item.get("address")) == bool(item.get("vendor") or item.get("device")):
+                raise InvalidInputError(option, item, "needs either address or vendor + device",
+                                        "give address: 0000:01:00.0, or vendor and device ids (and index)")
+            if item.get("address"):
+                parsed.append((option, item, pci_address(option + ".address", item["address"]), None))
+            else:
+                if not (item.get("vendor") and item.get("device")):
+                    raise InvalidInputError(option, item, "needs both vendor and device",
+                                            "give both ids, e.g. vendor: 10de, device: 2204")
+                selector = (_hex4(option + ".vendor", item["vendor"]), _hex4(option + ".device", item["device"]))
+                if (item.get("index") or 0) < 0:
+                    raise InvalidInputError(option + ".index", item["index"], "is negative", "count from 0")
+                parsed.append((option, item, None, selector))
+        pci = self.service.pci()
+        devices = pci.devices()
+        wanted: Dict[str, bool] = {}
+        for option, item, address, selector in parsed:
+            if selector is not None:
+                matches = sorted(a for a, dev in devices.items()
+                                 if (dev.vendor, dev.device) == selector)
+                index = item.get("index") or 0
+                if index >= len(matches):
+                    raise InvalidInputError(
+                        option, "%s:%s index %d" % (selector[0], selector[1], index),
+                        "matches no PCI device in %s (%d with these ids)" % (pci.describe(), len(matches)),
+                        "check the ids with lspci -nn and the index (counted from 0 in address order)")
+                address = matches[index]
+            elif address not in devices:
+                raise InvalidInputError(option + ".address", item["address"],
+                                        "is not a PCI device in %s" % pci.describe(),
+                                        "list the host's devices with lspci -D (or mlinfra.kvm.pci_info)")
+            group = [address]
+            if item.get("include_functions"):
+                group = sorted(a for a, dev in devices.items() if dev.slot == devices[address].slot)
+            for addr in group:
+                wanted.setdefault(addr, bool(item.get("managed", True)))
+        self.desired["hostdevs"] = sorted(({"address": a, "managed": m} for a, m in wanted.items()),
+                                          key=lambda h: h["address"])
+        already = {h["address"] for h in hostdev_addresses(self.existing)} if self.existing is not None else set()
+        self.new_hostdevs = [a for a in sorted(wanted) if a not in already]
+        self._check_passthrough(self.new_hostdevs)
+
+    def _check_passthrough(self, addresses: List[str]) -> None:
+        """Refuse hostdevs that QEMU could not take: a group not wholly on vfio-pci fails at
+        start with 'group N is not viable'; a device of a running domain cannot be shared."""
+        if not addresses:
+            return
+        pci = self.service.pci()
+        devices = pci.devices()
+        for address in addresses:
+            dev = devices[address]
+            if dev.iommu_group is None:
+                raise InvalidInputError(
+                    "hostdevs", address, "has no IOMMU group on the host",
+                    "enable the IOMMU (intel_iommu=on / amd_iommu=on, see mlinfra.kvm host roles) and reboot")
+            for member in pci.group_members(dev.iommu_group):
+                other = devices.get(member)
+                if other is None or other.is_bridge:
+                    continue  # bridges stay on pcieport; vfio accepts them in a viable group
+                if other.driver != VFIO_DRIVER:
+                    raise InvalidInputError(
+                        "hostdevs", address,
+                        "is in IOMMU group %d, which is not wholly bound to vfio-pci (%s uses %s)"
+                        % (dev.iommu_group, member, other.driver or "no driver"),
+                        "bind every device of the group to vfio-pci (mlinfra.kvm.vfio_pci) and pass "
+                        "them all (include_functions: true for the other functions of the slot)")
+        own_uuid = self.existing.findtext("uuid") if self.existing is not None else None
+        in_use = self.service.hostdevs_in_use(own_uuid)
+        for address in addresses:
+            if address in in_use:
+                raise ConflictError(
+                    "option hostdevs: PCI device %s is used by running domain %s; stop that domain "
+                    "or remove the device from it first" % (address, in_use[address]),
+                    option="hostdevs", value=address, used_by=in_use[address])

@@ -1,0 +1,812 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: domain
+short_description: Declarative libvirt domains (VMs) with PCI passthrough for GPU workers
+version_added: 0.1.0
+description:
+  - Defines, updates, starts, stops, pauses and removes libvirt domains from structured options
+    (no XML templates).
+  - "An update compares the request with libvirt's B(inactive) XML over the options that were
+    set, and only those: what libvirt adds by itself (PCI addresses, aliases, controllers,
+    seclabels, NVRAM paths) is never compared and survives the update. Options left unset are
+    not managed; defaults marked I(on creation) only apply when the domain is defined."
+  - A domain is never undefined to be updated (that would lose its UEFI NVRAM); it is redefined
+    in place.
+  - On a running domain, changes that can be made live are made live and in the persistent
+    definition at once (C(AFFECT_LIVE|AFFECT_CONFIG)) - vCPUs and memory within their maxima,
+    attaching/detaching hostdevs and virtio disks, metadata and description. Anything else is
+    written to the persistent definition and RV(restart_required) is returned; O(restart=true)
+    restarts the domain to apply it.
+  - Before any change, hostdevs are checked on the host - the device exists, its whole IOMMU group
+    is bound to vfio-pci, and no other running domain uses it. Networks, pools and volumes are checked
+    to exist. A refused request changes nothing.
+options:
+  name:
+    description: Domain name (letters, digits, C(.), C(_), C(+), C(-)).
+    type: str
+    required: true
+  state:
+    description:
+      - V(present) defines or updates the domain and leaves it running or not as it is.
+      - V(running) also starts it (or resumes it when paused); see O(wait_for_ip).
+      - V(paused) starts it paused or pauses it.
+      - V(shutdown) asks the guest to shut down (ACPI) and waits up to O(shutdown_timeout); with
+        O(force=true) it then forces the domain off, otherwise the run fails.
+      - V(destroyed) forces the domain off at once.
+      - V(absent) forces it off and undefines it, with its NVRAM, managed save and snapshot
+        metadata. Disk images are not deleted.
+    type: str
+    choices: [present, running, paused, shutdown, destroyed, absent]
+    default: present
+  virt_type:
+    description:
+      - Domain type. On creation the default is V(kvm) when libvirt reports KVM and V(qemu)
+        (software emulation, TCG) otherwise.
+      - Nested or paravirtual KVM may be advertised but hang guests; set V(qemu) explicitly there.
+    type: str
+    choices: [kvm, qemu]
+  machine:
+    description: Machine type; V(q35) on creation. libvirt stores it expanded (C(pc-q35-7.2)), which matches.
+    type: str
+  arch:
+    description: Guest architecture; V(x86_64) on creation.
+    type: str
+  memory:
+    description:
+      - Current memory, as a size with unit (V(2G), V(512M)); a bare number means MiB.
+      - Required to define a new domain. Changed live (balloon) within O(max_memory).
+    type: str
+  max_memory:
+    description: Maximum memory (libvirt's C(<memory>)); equal to O(memory) on creation. Changing it needs a restart.
+    type: str
+  vcpus:
+    description: Current number of vCPUs; required to define a new domain. Changed live within O(max_vcpus).
+    type: int
+  max_vcpus:
+    description: Maximum number of vCPUs; equal to O(vcpus) on creation. Changing it needs a restart.
+    type: int
+  cpu:
+    description: CPU mode and topology.
+    type: dict
+    suboptions:
+      mode:
+        description:
+          - CPU model mode. On creation V(host-passthrough) for V(kvm) and V(maximum) for V(qemu).
+        type: str
+        choices: [host-passthrough, host-model, maximum]
+      sockets:
+        description: Sockets; O(cpu.sockets) * O(cpu.cores) * O(cpu.threads) must equal O(max_vcpus).
+        type: int
+      cores:
+        description: Cores per socket.
+        type: int
+      threads:
+        description: Threads per core.
+        type: int
+  cpu_pinning:
+    description: CPU pinning (C(<cputune>)). Replaces all vcpupin and emulatorpin settings.
+    type: dict
+    suboptions:
+      vcpupin:
+        description: Host CPUs for each vCPU.
+        type: list
+        elements: dict
+        suboptions:
+          vcpu:
+            description: vCPU number, from 0.
+            type: int
+            required: true
+          cpuset:
+            description: Host CPU set such as V(2-3) or V(4,6).
+            type: str
+            required: true
+      emulatorpin:
+        description: Host CPU set for QEMU's emulator threads.
+        type: str
+  numa_tuning:
+    description: Host NUMA memory policy (C(<numatune>)).
+    type: dict
+    suboptions:
+      mode:
+        description: Policy.
+        type: str
+        choices: [strict, preferred, interleave, restrictive]
+        default: strict
+      nodeset:
+        description: Host NUMA nodes such as V(0) or V(0-1).
+        type: str
+        required: true
+  hugepages:
+    description: Back guest memory with host hugepages (they must be reserved on the host).
+    type: bool
+  hugepage_size:
+    description: Hugepage size (V(2M), V(1G)); the host default when not set.
+    type: str
+  firmware:
+    description:
+      - V(bios) (SeaBIOS) on creation.
+      - V(uefi) boots OVMF with a per-VM NVRAM that libvirt copies from O(ovmf_vars) on first start
+        (and deletes with O(state=absent)).
+      - V(kernel) boots O(kernel) directly, with O(initrd) and O(cmdline). Implied when O(kernel) is set.
+    type: str
+    choices: [bios, uefi, kernel]
+  ovmf_code:
+    description: OVMF code image for V(uefi).
+    type: path
+    default: /usr/share/OVMF/OVMF_CODE_4M.fd
+  ovmf_vars:
+    description: OVMF variables template for V(uefi), copied to each domain's own NVRAM file.
+    type: path
+    default: /usr/share/OVMF/OVMF_VARS_4M.fd
+  kernel:
+    description: Guest kernel for direct kernel boot (on the libvirt host).
+    type: path
+  initrd:
+    description: Initial ramdisk for direct kernel boot.
+    type: path
+  cmdline:
+    description: Kernel command line for direct kernel boot.
+    type: str
+  boot:
+    description: Boot device order for V(bios) and V(uefi); V([hd]) on creation.
+    type: list
+    elements: str
+    choices: [hd, cdrom, network, fd]
+  disks:
+    description:
+      - Disks, compared as a set keyed by target. Each is a pool volume (O(disks[].pool) and
+        O(disks[].volume), which must exist) or a file (O(disks[].path)).
+      - An empty list removes every disk; leaving the option out leaves disks alone.
+      - On a running domain, adding or removing virtio disks is done live.
+    type: list
+    elements: dict
+    suboptions:
+      pool:
+        description: Storage pool of the volume.
+        type: str
+      volume:
+        description: Volume name in O(disks[].pool).
+        type: str
+      path:
+        description: Image file on the libvirt host.
+        type: path
+      format:
+        description: Image format; read from the volume, or V(qcow2) for C(*.qcow2) paths and V(raw) otherwise.
+        type: str
+      bus:
+        description: Disk bus.
+        type: str
+        choices: [virtio, sata, scsi, usb]
+        default: virtio
+      target:
+        description: Guest device name; the next free V(vdX) (V(sdX) for other buses) when not set.
+        type: str
+      readonly:
+        description: Attach read-only.
+        type: bool
+        default: false
+  cdroms:
+    description: CD-ROMs (for example cloud-init seed ISOs), a pool volume or a file each, on SATA.
+    type: list
+    elements: dict
+    suboptions:
+      pool:
+        description: Storage pool of the ISO volume.
+        type: str
+      volume:
+        description: ISO volume name.
+        type: str
+      path:
+        description: ISO file on the libvirt host.
+        type: path
+      bus:
+        description: Bus.
+        type: str
+        choices: [sata, scsi, usb]
+        default: sata
+      target:
+        description: Guest device name; the next free V(sdX) when not set.
+        type: str
+  interfaces:
+    description:
+      - Network interfaces, in guest order. The network must exist.
+      - Without O(interfaces[].mac), the MAC is derived from the domain name and the interface index
+        (C(52:54:00:xx:xx:xx)), so re-runs and redefinitions never change it.
+    type: list
+    elements: dict
+    suboptions:
+      network:
+        description: libvirt network name.
+        type: str
+      bridge:
+        description: Host bridge name (instead of O(interfaces[].network)).
+        type: str
+      model:
+        description: NIC model.
+        type: str
+        default: virtio
+      mac:
+        description: MAC address.
+        type: str
+  console:
+    description: A serial console (pty) on the first serial port; V(true) on creation.
+    type: bool
+  console_log:
+    description: Also write the serial console to this file on the libvirt host (appended).
+    type: path
+  rng:
+    description: A virtio RNG fed from the host's C(/dev/urandom); V(true) on creation.
+    type: bool
+  guest_agent:
+    description: The QEMU guest agent channel; V(true) on creation.
+    type: bool
+  memballoon:
+    description: The virtio memory balloon, which live memory changes need; libvirt adds it unless V(false).
+    type: bool
+  hostdevs:
+    description:
+      - PCI devices passed through with VFIO, by address or by selector (vendor and device ids and
+        an index among the matching devices, in address order). Compared as a set.
+      - New hostdevs are checked before anything changes - the device exists, every device of its
+        IOMMU group (PCI bridges aside) is bound to vfio-pci, and no other running domain uses it.
+      - The host's devices are read from O(sysfs_root) when libvirt is local, and through libvirt's
+        node device API for remote URIs.
+    type: list
+    elements: dict
+    suboptions:
+      address:
+        description: PCI address, V(0000:01:00.0) (domain optional).
+        type: str
+      vendor:
+        description: Vendor id (hex, V(10de) for NVIDIA).
+        type: str
+      device:
+        description: Device id (hex).
+        type: str
+      index:
+        description: Which of the matching devices, from 0 in address order.
+        type: int
+        default: 0
+      include_functions:
+        description: Also pass the other functions of the same slot (a GPU's HDMI audio function).
+        type: bool
+        default: false
+      managed:
+        description: Let libvirt detach the device from its host driver on start and reattach it on stop.
+        type: bool
+        default: true
+  hide_hypervisor:
+    description:
+      - Hide the hypervisor from the guest (KVM hidden state and a Hyper-V vendor id), which older
+        consumer NVIDIA drivers need (error 43).
+    type: bool
+  hypervisor_vendor_id:
+    description: The Hyper-V vendor id shown with O(hide_hypervisor) (1-12 letters or digits).
+    type: str
+    default: mlinfra
+  metadata:
+    description:
+      - Key/value pairs stored in the domain as C(<mlinfra:vm xmlns:mlinfra="https://mlinfra.example/kvm/1">),
+        one child element each. The inventory plugin M(mlinfra.kvm.libvirt) turns them into groups
+        and host variables (for example C(role=worker)). Replaced as a whole; changed live.
+    type: dict
+  description:
+    description: Free-text description of the domain. Changed live.
+    type: str
+  autostart:
+    description: Start the domain with libvirtd. Left as it is when not set.
+    type: bool
+  restart:
+    description:
+      - When a change to a running domain cannot be made live, shut it down (as for V(shutdown),
+        honouring O(shutdown_timeout) and O(force)) and start it again.
+    type: bool
+    default: false
+  shutdown_timeout:
+    description: Seconds to wait for a guest to shut down.
+    type: int
+    default: 120
+  force:
+    description: When the guest has not shut down within O(shutdown_timeout), force it off.
+    type: bool
+    default: false
+  wait_for_ip:
+    description: With O(state=running), wait until an interface has an IPv4 address in its network's DHCP leases.
+    type: bool
+    default: false
+  wait_for_ip_timeout:
+    description: Seconds to wait for the address.
+    type: int
+    default: 300
+  sysfs_root:
+    description: Where the host's sysfs is mounted (for the hostdev checks on local URIs); a test seam.
+    type: path
+    default: /sys
+extends_documentation_fragment:
+  - mlinfra.kvm.libvirt
+notes:
+  - Changes that need a restart on a running domain - machine, firmware, maxima, CPU, pinning, NUMA,
+    hugepages, interfaces, console, rng, agent, balloon, cdroms, non-virtio disks.
+seealso:
+  - module: mlinfra.kvm.domain_info
+  - module: mlinfra.kvm.volume
+  - module: mlinfra.kvm.network
+author:
+  - mlinfra.kvm contributors
+'''
+
+EXAMPLES = r'''
+- name: A GPU worker with its GPU and the GPU's audio function
+  mlinfra.kvm.domain:
+    name: gpu-worker-1
+    state: running
+    memory: 32G
+    vcpus: 8
+    cpu: {mode: host-passthrough, sockets: 1, cores: 8, threads: 1}
+    firmware: uefi
+    disks:
+      - {pool: images, volume: gpu-worker-1.qcow2}
+    cdroms:
+      - {pool: images, volume: gpu-worker-1-seed.iso}
+    interfaces:
+      - network: ml
+    hostdevs:
+      - {vendor: 10de, device: 2204, index: 0, include_functions: true}
+    hide_hypervisor: true
+    metadata: {role: worker, gpu: rtx3090}
+    wait_for_ip: true
+
+- name: A TCG test VM booting a kernel directly (no bootloader)
+  mlinfra.kvm.domain:
+    name: test-vm
+    virt_type: qemu
+    memory: 1G
+    max_memory: 2G
+    vcpus: 1
+    max_vcpus: 2
+    kernel: /var/lib/mlinfra/vmlinuz
+    initrd: /var/lib/mlinfra/initrd.img
+    cmdline: root=/dev/vda rw console=ttyS0 net.ifnames=0
+    disks: [{pool: images, volume: test-vm.qcow2}]
+    interfaces: [{network: default}]
+    console_log: /var/log/libvirt/qemu/test-vm-serial.log
+    state: running
+
+- name: Two more vCPUs, live (within max_vcpus)
+  mlinfra.kvm.domain:
+    name: test-vm
+    vcpus: 2
+
+- name: Stop it cleanly, forcing it off after a minute
+  mlinfra.kvm.domain:
+    name: test-vm
+    state: shutdown
+    shutdown_timeout: 60
+    force: true
+'''
+
+RETURN = r'''
+domain:
+  description: The domain after the run (what it would be, in check mode).
+  returned: always
+  type: dict
+  contains:
+    name: {description: Name., type: str}
+    uuid: {description: libvirt UUID (empty for a domain that check mode would define)., type: str}
+    state: {description: "V(running), V(paused), V(shutoff), ... or V(absent).", type: str}
+    autostart: {description: Whether it autostarts., type: bool}
+    vcpus: {description: Current vCPUs (persistent definition)., type: int}
+    max_vcpus: {description: Maximum vCPUs., type: int}
+    memory_mib: {description: Current memory in MiB (persistent definition)., type: int}
+    max_memory_mib: {description: Maximum memory in MiB., type: int}
+    interfaces: {description: "Interfaces (network, bridge, model, mac)., type: list", type: list, elements: dict}
+    disks: {description: Disks (pool, volume, path, format, bus, target)., type: list, elements: dict}
+    hostdevs: {description: PCI hostdevs (address, managed)., type: list, elements: dict}
+    metadata: {description: The mlinfra metadata key/values., type: dict}
+    ip_addresses: {description: "IPv4 addresses from DHCP leases (with O(wait_for_ip))., type: list", type: list, elements: dict}
+  sample: {name: gpu-worker-1, state: running, vcpus: 8, memory_mib: 32768,
+           interfaces: [{network: ml, model: virtio, mac: "52:54:00:3c:11:9a"}]}
+restart_required:
+  description: A change was written to the persistent definition of a running domain that only a restart applies.
+  returned: always
+  type: bool
+restarted:
+  description: The domain was restarted (O(restart=true)) to apply such a change.
+  returned: always
+  type: bool
+actions:
+  description: The side effects performed (or that would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: ["define", "set vcpus live", "start"]
+xml:
+  description: The persistent (inactive) XML after the run; empty in check mode and when absent.
+  returned: always
+  type: str
+'''
+
+from typing import Any, Dict, List, Optional
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_request import DomainRequest
+from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import DomainService
+from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import (
+    FIELDS, apply_fields, build_new, differing_fields, disk_element, hostdev_element,
+    read_fields, read_memballoon)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection
+from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils._xml import to_string
+
+ACTIVE_STATES = ("running", "paused", "blocked", "pmsuspended")
+# Fields a running domain can take live (and in its config at once).
+LIVE_FIELDS = ("vcpus", "memory_kib", "hostdevs", "disks", "metadata", "description")
+SUMMARY_FIELDS = ("virt_type", "machine", "vcpus", "max_vcpus", "memory_kib", "max_memory_kib",
+                  "interfaces", "disks", "cdroms", "hostdevs", "metadata")
+
+
+class DomainRunner:
+    def __init__(self, module: AnsibleModule, service: DomainService) -> None:
+        self.module = module
+        self.params = module.params
+        self.service = service
+        self.check = module.check_mode
+        self.tracker = DifferenceTracker()
+        self.restart_required = False
+        self.restarted = False
+        self.ip_addresses: List[Dict[str, Any]] = []
+        self.before: Dict[str, Any] = {}
+        self.after: Dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ entry point
+    def run(self) -> Dict[str, Any]:
+        name = object_name("name", self.params["name"])
+        dom = self.service.lookup(name)
+        state = self.service.state(dom) if dom is not None else "absent"
+        if self.params["state"] == "absent":
+            self.ensure_absent(dom, state)
+            return self.result(None, "absent")
+        existing = self.service.inactive_root(dom) if dom is not None else None
+        request = DomainRequest(self.params, self.service, existing)
+        desired = request.build()
+        if dom is None:
+            request.creation_defaults()
+            dom = self.define_new(name, desired)
+        else:
+            self.update(dom, existing, desired, state)
+        self.ensure_autostart(dom)
+        state = self.ensure_state(dom, state)
+        return self.result(dom, state)
+
+    # ------------------------------------------------------------------ definition
+    def define_new(self, name: str, desired: Dict[str, Any]) -> Optional[Any]:
+        root = build_new(name, desired)
+        self.before["state"] = "absent"
+        self.after["state"] = "shutoff"
+        for field in desired:
+            self.after[field] = desired[field]
+        self.tracker.add("state", "absent", "shutoff")
+        self.tracker.action("define")
+        if self.check:
+            return None
+        return self.service.define(root)
+
+    def update(self, dom: Any, existing: Any, desired: Dict[str, Any], state: str) -> None:
+        diffs = differing_fields(existing, desired)
+        actual = read_fields(existing, diffs)
+        for field in diffs:
+            self.tracker.add(field, actual[field], desired[field])
+            self.before[field], self.after[field] = actual[field], desired[field]
+        if not diffs:
+            return
+        if state not in ACTIVE_STATES:
+            self.tracker.action("redefine")
+            if not self.check:
+                self.service.define(apply_fields(existing, desired, diffs))
+            return
+        live = [f for f in diffs if self.can_apply_live(f, diffs, existing, desired)]
+        for field in live:
+            self.apply_live(dom, field, actual[field], desired[field])
+        rest = [f for f in diffs if f not in live]
+        if rest:
+            self.tracker.action("redefine (%s; applied at the next start)" % ", ".join(rest))
+            self.restart_required = True
+            if not self.check:
+                # Re-read: the live changes above were written into the config too.
+                self.service.define(apply_fields(self.service.inactive_root(dom), desired, rest))
+
+    def can_apply_live(self, field: str, diffs: List[str], existing: Any, desired: Dict[str, Any]) -> bool:
+        if field not in LIVE_FIELDS:
+            return False
+        if field == "vcpus":
+            return "max_vcpus" not in diffs
+        if field == "memory_kib":
+            balloon = desired.get("memballoon", read_memballoon(existing))
+            return "max_memory_kib" not in diffs and "memballoon" not in diffs and balloon
+        if field == "disks":
+            before = read_fields(existing, ["disks"])["disks"]
+            changed = [d for d in before if d not in desired["disks"]] + \
+                      [d for d in desired["disks"] if d not in before]
+            # virtio disks hotplug on a PCIe port; other buses (SATA) cannot, and an in-place
+            # change of a disk (same target) is not something to do under a running guest.
+            targets = [d["target"] for d in changed]
+            return all(d["bus"] == "virtio" for d in changed) and len(set(targets)) == len(targets)
+        return True
+
+    def apply_live(self, dom: Any, field: str, before: Any, after: Any) -> None:
+        svc = self.service
+        if field == "vcpus":
+            self.tracker.action("set vcpus live")
+            if not self.check:
+                svc.set_vcpus(dom, after)
+        elif field == "memory_kib":
+            self.tracker.action("set memory live")
+            if not self.check:
+                svc.set_memory(dom, after)
+        elif field == "metadata":
+            self.tracker.action("set metadata live")
+            if not self.check:
+                svc.set_metadata(dom, after, live=True)
+        elif field == "description":
+            self.tracker.action("set description live")
+            if not self.check:
+                svc.set_description(dom, after, live=True)
+        elif field == "hostdevs":
+            self._swap_devices(dom, before, after, hostdev_element, "hostdev %s", "address")
+        elif field == "disks":
+            self._swap_devices(dom, before, after, lambda d: disk_element(d, "disk"), "disk %s", "target")
+
+    def _swap_devices(self, dom: Any, before: List[Dict[str, Any]], after: List[Dict[str, Any]],
+                      build: Any, label: str, key: str) -> None:
+        for item in before:
+            if item not in after:
+                self.tracker.action("detach " + label % item[key] + " live")
+                if not self.check:
+                    self.service.detach(dom, build(item))
+        for item in after:
+            if item not in before:
+                self.tracker.action("attach " + label % item[key] + " live")
+                if not self.check:
+                    self.service.attach(dom, build(item))
+
+    def ensure_autostart(self, dom: Optional[Any]) -> None:
+        wanted = self.params.get("autostart")
+        if wanted is None:
+            return
+        current = self.service.autostart(dom) if dom is not None else False
+        if self.tracker.add("autostart", current, wanted):
+            self.before["autostart"], self.after["autostart"] = current, wanted
+            self.tracker.action("autostart %s" % ("on" if wanted else "off"))
+            if not self.check:
+                self.service.set_autostart(dom, wanted)
+
+    # ------------------------------------------------------------------ run state
+    def ensure_state(self, dom: Optional[Any], state: str) -> str:
+        """Move the domain to the requested run state; returns the (predicted) state."""
+        wanted = self.params["state"]
+        current = "shutoff" if state == "absent" else state
+        active = current in ACTIVE_STATES
+        if wanted == "present":
+            final = current
+        elif wanted == "running":
+            final = self._to_running(dom, current)
+        elif wanted == "paused":
+            final = self._to_paused(dom, current)
+        elif wanted == "shutdown":
+            final = self._stop(dom, current, graceful=True) if active else current
+        else:  # destroyed
+            final = self._stop(dom, current, graceful=False) if active else current
+        if final not in ACTIVE_STATES or not active:
+            # Not running now, or only started in this run: the definition applies as it is.
+            self.restart_required = False
+        elif self.restart_required and self.params["restart"]:
+            self._stop(dom, final, graceful=True)
+            self.tracker.action("start (restart)")
+            if not self.check:
+                self.service.start(dom, paused=final == "paused")
+            self.restarted, self.restart_required = True, False
+        if final != current and state != "absent":
+            self.tracker.add("state", current, final)
+        if state == "absent":
+            self.after["state"] = final
+        elif final != current:
+            self.before["state"], self.after["state"] = current, final
+        if wanted == "running" and self.params["wait_for_ip"] and not self.check:
+            self.ip_addresses = self.service.wait_for_ip(dom, self.params["wait_for_ip_timeout"])
+        return final
+
+    def _to_running(self, dom: Optional[Any], current: str) -> str:
+        if current == "paused":
+            self.tracker.action("resume")
+            if not self.check:
+                self.service.resume(dom)
+        elif current not in ACTIVE_STATES:
+            self.tracker.action("start")
+            if not self.check:
+                self.service.start(dom)
+        return "running"
+
+    def _to_paused(self, dom: Optional[Any], current: str) -> str:
+        if current == "running":
+            self.tracker.action("pause")
+            if not self.check:
+                self.service.suspend(dom)
+        elif current not in ACTIVE_STATES:
+            self.tracker.action("start paused")
+            if not self.check:
+                self.service.start(dom, paused=True)
+        return "paused"
+
+    def _stop(self, dom: Any, current: str, graceful: bool) -> str:
+        if not graceful:
+            self.tracker.action("destroy")
+            if not self.check:
+                self.service.destroy(dom)
+            return "shutoff"
+        if current == "paused":
+            # A paused guest cannot see the ACPI request.
+            self.tracker.action("resume (to shut down)")
+            if not self.check:
+                self.service.resume(dom)
+        self.tracker.action("shutdown")
+        if self.check:
+            return "shutoff"
+        self.service.request_shutdown(dom)
+        timeout = self.params["shutdown_timeout"]
+        if self.service.wait_shutoff(dom, timeout):
+            return "shutoff"
+        if not self.params["force"]:
+            raise KvmError(
+                "domain %s did not shut down within %s s (option shutdown_timeout); the guest may "
+                "ignore ACPI. Set force: true to force it off after the timeout, or raise "
+                "shutdown_timeout" % (dom.name(), timeout), name=dom.name(), changed=True)
+        self.tracker.action("destroy (shutdown timed out)")
+        self.service.destroy(dom)
+        return "shutoff"
+
+    # ------------------------------------------------------------------ absent
+    def ensure_absent(self, dom: Optional[Any], state: str) -> None:
+        if dom is None:
+            return
+        self.before["state"], self.after["state"] = state, "absent"
+        self.tracker.add("state", state, "absent")
+        if state in ACTIVE_STATES:
+            self.tracker.action("destroy")
+            if not self.check:
+                self.service.destroy(dom)
+        self.tracker.action("undefine")
+        if not self.check:
+            self.service.undefine(dom)
+
+    # ------------------------------------------------------------------ result
+    def summary(self, dom: Optional[Any], state: str) -> Dict[str, Any]:
+        name = self.params["name"]
+        if state == "absent":
+            return {"name": name, "state": "absent"}
+        if dom is None:  # check mode, not defined yet
+            values = {f: self.after.get(f) for f in SUMMARY_FIELDS}
+            uuid, autostart = "", bool(self.params.get("autostart"))
+        else:
+            root = self.service.inactive_root(dom)
+            values = read_fields(root, SUMMARY_FIELDS)
+            if self.check:
+                values.update({f: v for f, v in self.after.items() if f in FIELDS})
+            uuid = dom.UUIDString()
+            autostart = self.after.get("autostart", self.service.autostart(dom))
+        return {
+            "name": name, "uuid": uuid, "state": state, "autostart": autostart,
+            "virt_type": values["virt_type"], "machine": values["machine"],
+            "vcpus": values["vcpus"], "max_vcpus": values["max_vcpus"],
+            "memory_mib": (values["memory_kib"] or 0) // 1024,
+            "max_memory_mib": (values["max_memory_kib"] or 0) // 1024,
+            "interfaces": values["interfaces"], "disks": values["disks"], "cdroms": values["cdroms"],
+            "hostdevs": values["hostdevs"], "metadata": values["metadata"],
+            "ip_addresses": self.ip_addresses,
+        }
+
+    def result(self, dom: Optional[Any], state: str) -> Dict[str, Any]:
+        out = {
+            "changed": self.tracker.changed,
+            "actions": self.tracker.actions,
+            "restart_required": self.restart_required,
+            "restarted": self.restarted,
+            "domain": self.summary(dom, state),
+            "xml": "" if self.check or dom is None or state == "absent"
+            else to_string(self.service.inactive_root(dom)),
+        }
+        if self.module._diff:
+            out["diff"] = self.tracker.diff(self.before, self.after)
+        return out
+
+
+def argument_spec() -> Dict[str, Any]:
+    disk = dict(pool=dict(type="str"), volume=dict(type="str"), path=dict(type="path"),
+                format=dict(type="str"),
+                bus=dict(type="str", choices=["virtio", "sata", "scsi", "usb"], default="virtio"),
+                target=dict(type="str"), readonly=dict(type="bool", default=False))
+    cdrom = dict(pool=dict(type="str"), volume=dict(type="str"), path=dict(type="path"),
+                 bus=dict(type="str", choices=["sata", "scsi", "usb"], default="sata"),
+                 target=dict(type="str"))
+    spec: Dict[str, Any] = dict(
+        name=dict(type="str", required=True),
+        state=dict(type="str", default="present",
+                   choices=["present", "running", "paused", "shutdown", "destroyed", "absent"]),
+        virt_type=dict(type="str", choices=["kvm", "qemu"]),
+        machine=dict(type="str"),
+        arch=dict(type="str"),
+        memory=dict(type="str"),
+        max_memory=dict(type="str"),
+        vcpus=dict(type="int"),
+        max_vcpus=dict(type="int"),
+        cpu=dict(type="dict", options=dict(
+            mode=dict(type="str", choices=["host-passthrough", "host-model", "maximum"]),
+            sockets=dict(type="int"), cores=dict(type="int"), threads=dict(type="int"))),
+        cpu_pinning=dict(type="dict", options=dict(
+            vcpupin=dict(type="list", elements="dict", options=dict(
+                vcpu=dict(type="int", required=True), cpuset=dict(type="str", required=True))),
+            emulatorpin=dict(type="str"))),
+        numa_tuning=dict(type="dict", options=dict(
+            mode=dict(type="str", default="strict",
+                      choices=["strict", "preferred", "interleave", "restrictive"]),
+            nodeset=dict(type="str", required=True))),
+        hugepages=dict(type="bool"),
+        hugepage_size=dict(type="str"),
+        firmware=dict(type="str", choices=["bios", "uefi", "kernel"]),
+        ovmf_code=dict(type="path", default="/usr/share/OVMF/OVMF_CODE_4M.fd"),
+        ovmf_vars=dict(type="path", default="/usr/share/OVMF/OVMF_VARS_4M.fd"),
+        kernel=dict(type="path"),
+        initrd=dict(type="path"),
+        cmdline=dict(type="str"),
+        boot=dict(type="list", elements="str", choices=["hd", "cdrom", "network", "fd"]),
+        disks=dict(type="list", elements="dict", options=disk),
+        cdroms=dict(type="list", elements="dict", options=cdrom),
+        interfaces=dict(type="list", elements="dict", options=dict(
+            network=dict(type="str"), bridge=dict(type="str"),
+            model=dict(type="str", default="virtio"), mac=dict(type="str"))),
+        console=dict(type="bool"),
+        console_log=dict(type="path"),
+        rng=dict(type="bool"),
+        guest_agent=dict(type="bool"),
+        memballoon=dict(type="bool"),
+        hostdevs=dict(type="list", elements="dict", options=dict(
+            address=dict(type="str"), vendor=dict(type="str"), device=dict(type="str"),
+            index=dict(type="int", default=0), include_functions=dict(type="bool", default=False),
+            managed=dict(type="bool", default=True))),
+        hide_hypervisor=dict(type="bool"),
+        hypervisor_vendor_id=dict(type="str", default="mlinfra"),
+        metadata=dict(type="dict"),
+        description=dict(type="str"),
+        autostart=dict(type="bool"),
+        restart=dict(type="bool", default=False),
+        shutdown_timeout=dict(type="int", default=120),
+        force=dict(type="bool", default=False),
+        wait_for_ip=dict(type="bool", default=False),
+        wait_for_ip_timeout=dict(type="int", default=300),
+        sysfs_root=dict(type="path", default="/sys"),
+    )
+    spec.update(LIBVIRT_ARGSPEC)
+    return spec
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+
+    def runner() -> Dict[str, Any]:
+        with Connection(module.params["uri"]) as connection:
+            service = DomainService(connection.conn, connection.uri, module.params["sysfs_root"])
+            return DomainRunner(module, service).run()
+
+    run(module, runner)
+
+
+if __name__ == "__main__":
+    main()
