@@ -1,0 +1,297 @@
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Read-only model of the host's PCI devices and IOMMU, from sysfs (and a little /proc).
+
+Shared by ``pci_info`` (which reports it) and ``vfio_pci`` (which decides from it). Nothing
+here writes: :class:`PciScanner` reads a :class:`Roots` tree and returns plain data, so a
+captured ``/sys`` (tests/fixtures) answers exactly like the live one.
+
+Decisions worth knowing:
+
+* IOMMU "enabled" means the kernel made IOMMU groups (``/sys/kernel/iommu_groups/*``).
+  That is what vfio needs; the command line flags are reported besides, because a kernel
+  can turn the IOMMU on by default (Debian) or have it disabled in firmware despite them.
+* Passthrough viability follows the kernel's vfio rule: every *endpoint* of the group must be
+  bound to vfio-pci (or pci-stub) or to no driver; bridges (class 0x06) are ignored.
+* "In use" is measured, not guessed: an open device node of the device (``/dev/dri/card0``,
+  ``/dev/snd/...``, ``/dev/nvidiaN``) held by a process, a network interface that is up, or
+  a block device that is mounted or used as swap.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List, Optional, Set
+
+from ._sysfs import Roots, cmdline_args, cpu_vendor, is_virtual_machine, link_name, list_dir, read_attr, read_file
+
+PCI_ADDRESS_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
+VENDOR_DEVICE_RE = re.compile(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{4})$")
+
+VFIO_DRIVERS = ("vfio-pci", "pci-stub")
+# Vendors whose display devices count as GPUs in the report (any class-0x03 device does too).
+VENDORS = {"10de": "NVIDIA", "1002": "AMD", "8086": "Intel", "1234": "QEMU", "1af4": "Red Hat (virtio)",
+           "1b36": "Red Hat (QEMU)", "15b3": "Mellanox", "1a03": "ASPEED"}
+# PCI base classes and the few sub-classes that matter for passthrough decisions.
+CLASS_NAMES = {
+    "0000": "non-VGA unclassified device", "0100": "SCSI storage controller", "0101": "IDE interface",
+    "0104": "RAID bus controller", "0106": "SATA controller", "0108": "non-volatile memory controller",
+    "0180": "mass storage controller", "0200": "ethernet controller", "0207": "InfiniBand controller",
+    "0280": "network controller", "0300": "VGA compatible controller", "0301": "XGA compatible controller",
+    "0302": "3D controller", "0380": "display controller", "0401": "multimedia audio controller",
+    "0403": "audio device", "0480": "multimedia controller", "0600": "host bridge", "0601": "ISA bridge",
+    "0604": "PCI bridge", "0680": "bridge", "0700": "serial controller", "0780": "communication controller",
+    "0880": "system peripheral", "0c03": "USB controller", "0c05": "SMBus", "1200": "processing accelerator",
+    "ff00": "unassigned class",
+}
+BASE_CLASS_NAMES = {"01": "mass storage controller", "02": "network controller", "03": "display controller",
+                    "04": "multimedia controller", "06": "bridge", "0c": "serial bus controller",
+                    "12": "processing accelerator"}
+
+
+def hex_id(value: Optional[str], width: int = 4) -> Optional[str]:
+    """``0x10de`` -> ``10de``; None stays None."""
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value.startswith("0x"):
+        value = value[2:]
+    return value.zfill(width) if value else None
+
+
+def slot_of(address: str) -> str:
+    """``0000:01:00.1`` -> ``0000:01:00`` (the functions of one slot share it)."""
+    return address.rsplit(".", 1)[0]
+
+
+class PciScanner:
+    """Reads devices, drivers and IOMMU groups from a sysfs tree."""
+
+    def __init__(self, roots: Roots) -> None:
+        self.roots = roots
+        self._open_nodes: Optional[Set[str]] = None
+        self._mounted: Optional[Set[str]] = None
+
+    # -- devices ------------------------------------------------------------------------
+    def device_dir(self, address: str) -> str:
+        return self.roots.sys("bus", "pci", "devices", address)
+
+    def addresses(self) -> List[str]:
+        return [a for a in list_dir(self.roots.sys("bus", "pci", "devices")) if PCI_ADDRESS_RE.match(a)]
+
+    def exists(self, address: str) -> bool:
+        return os.path.isdir(self.device_dir(address))
+
+    def driver(self, address: str) -> Optional[str]:
+        return link_name(os.path.join(self.device_dir(address), "driver"))
+
+    def driver_override(self, address: str) -> Optional[str]:
+        value = read_attr(os.path.join(self.device_dir(address), "driver_override"))
+        return None if value in (None, "", "(null)") else value
+
+    def iommu_group(self, address: str) -> Optional[str]:
+        return link_name(os.path.join(self.device_dir(address), "iommu_group"))
+
+    def driver_module(self, driver: Optional[str]) -> Optional[str]:
+        """The kernel module behind a driver (``bochs-drm`` -> ``bochs``), for softdep lines."""
+        if not driver:
+            return None
+        module = link_name(self.roots.sys("bus", "pci", "drivers", driver, "module"))
+        return module or driver.replace("-", "_")
+
+    def device(self, address: str) -> Dict[str, Any]:
+        path = self.device_dir(address)
+        attr = lambda name: read_attr(os.path.join(path, name))  # noqa: E731 - tiny local reader
+        class_code = hex_id(attr("class"), 6) or "000000"
+        vendor, device = hex_id(attr("vendor")), hex_id(attr("device"))
+        numa = attr("numa_node")
+        boot_vga = attr("boot_vga")
+        info: Dict[str, Any] = {
+            "address": address,
+            "slot": slot_of(address),
+            "vendor_id": vendor,
+            "device_id": device,
+            "id": "%s:%s" % (vendor, device),
+            "vendor_name": VENDORS.get(vendor or ""),
+            "subsystem_vendor_id": hex_id(attr("subsystem_vendor")),
+            "subsystem_device_id": hex_id(attr("subsystem_device")),
+            "revision": hex_id(attr("revision"), 2),
+            "class": class_code,
+            "class_name": CLASS_NAMES.get(class_code[:4]) or BASE_CLASS_NAMES.get(class_code[:2], "other"),
+            "driver": self.driver(address),
+            "driver_override": self.driver_override(address),
+            "iommu_group": self.iommu_group(address),
+            # The kernel says -1 when it does not know (every VM without NUMA): report null.
+            "numa_node": int(numa) if numa and numa.isdigit() else None,
+            "boot_vga": boot_vga == "1",
+            "is_bridge": class_code.startswith("06"),
+            "is_gpu": class_code.startswith("03"),
+            "functions": [],
+        }
+        return info
+
+    def devices(self) -> Dict[str, Dict[str, Any]]:
+        found = {address: self.device(address) for address in self.addresses()}
+        for address, info in found.items():
+            info["functions"] = sorted(a for a in found if a != address and slot_of(a) == info["slot"])
+        return found
+
+    def find_by_id(self, vendor: str, device: str) -> List[str]:
+        want = (vendor.lower(), device.lower())
+        out = []
+        for address in self.addresses():
+            path = self.device_dir(address)
+            ids = (hex_id(read_attr(os.path.join(path, "vendor"))), hex_id(read_attr(os.path.join(path, "device"))))
+            if ids == want:
+                out.append(address)
+        return out
+
+    # -- IOMMU --------------------------------------------------------------------------
+    def iommu_groups(self) -> Dict[str, List[str]]:
+        base = self.roots.sys("kernel", "iommu_groups")
+        groups: Dict[str, List[str]] = {}
+        for group in list_dir(base):
+            groups[group] = list_dir(os.path.join(base, group, "devices"))
+        return dict(sorted(groups.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0))
+
+    def group_members(self, address: str) -> List[str]:
+        group = self.iommu_group(address)
+        if group is None:
+            return []
+        members = list_dir(self.roots.sys("kernel", "iommu_groups", group, "devices"))
+        return members or [address]
+
+    def cpu_vendor(self) -> Optional[str]:
+        return cpu_vendor(read_file(self.roots.proc("cpuinfo")))
+
+    def iommu_argument(self) -> str:
+        """The kernel argument that turns the IOMMU on for this CPU (both when unknown)."""
+        vendor = self.cpu_vendor()
+        if vendor == "intel":
+            return "intel_iommu=on"
+        if vendor == "amd":
+            return "amd_iommu=on"
+        return "intel_iommu=on (Intel) or amd_iommu=on (AMD)"
+
+    def iommu(self) -> Dict[str, Any]:
+        groups = self.iommu_groups()
+        cmdline = cmdline_args(read_file(self.roots.proc("cmdline")))
+        flags = [a for a in cmdline if a.split("=", 1)[0] in ("intel_iommu", "amd_iommu", "iommu")]
+        units = list_dir(self.roots.sys("class", "iommu"))
+        cpuinfo = read_file(self.roots.proc("cpuinfo"))
+        state: Dict[str, Any] = {
+            "enabled": bool(groups),
+            "groups": groups,
+            "group_count": len(groups),
+            "units": units,
+            "cmdline_flags": flags,
+            "passthrough_mode": "iommu=pt" in flags,
+            "cpu_vendor": cpu_vendor(cpuinfo),
+            "virtual_machine": is_virtual_machine(cpuinfo),
+            "required_argument": self.iommu_argument(),
+            "reason": None,
+        }
+        if not groups:
+            state["reason"] = self.iommu_off_reason(flags)
+        return state
+
+    def iommu_off_reason(self, flags: List[str]) -> str:
+        reason = "no IOMMU groups under %s" % self.roots.sys("kernel", "iommu_groups")
+        if any(f in ("intel_iommu=on", "amd_iommu=on") for f in flags):
+            return (reason + " although the kernel command line has %s: enable VT-d/AMD-Vi in the firmware "
+                    "(or give the VM a virtual IOMMU)" % " ".join(flags))
+        return (reason + "; the kernel command line lacks %s: add it (mlinfra.kvm.kernel_cmdline with "
+                "iommu: auto) and reboot" % self.iommu_argument())
+
+    # -- use of a device ------------------------------------------------------------------
+    def device_nodes(self, address: str) -> List[str]:
+        """/dev paths that belong to the device: DEVNAME of its class devices (drm, sound,
+        block...), and /dev/nvidiaN for NVIDIA's driver, which registers no class device."""
+        base = self.device_dir(address)
+        nodes: Set[str] = set()
+        for top, dirs, files in os.walk(base, followlinks=False):
+            # Child PCI functions behind a bridge are devices of their own: do not descend.
+            dirs[:] = [d for d in dirs if not PCI_ADDRESS_RE.match(d)]
+            if top.count(os.sep) - base.count(os.sep) > 4:
+                dirs[:] = []
+            if "uevent" in files and top != base:
+                for line in (read_file(os.path.join(top, "uevent")) or "").splitlines():
+                    if line.startswith("DEVNAME="):
+                        nodes.add("/dev/" + line.split("=", 1)[1])
+        info = read_file(self.roots.proc("driver", "nvidia", "gpus", address, "information")) or ""
+        match = re.search(r"^Device Minor:\s*(\d+)", info, re.MULTILINE)
+        if match:
+            nodes.add("/dev/nvidia%s" % match.group(1))
+        return sorted(nodes)
+
+    def open_nodes(self) -> Set[str]:
+        """Every path some process holds open (the /proc/<pid>/fd links), read once."""
+        if self._open_nodes is None:
+            held: Set[str] = set()
+            for pid in list_dir(self.roots.proc_root):
+                if not pid.isdigit():
+                    continue
+                fd_dir = self.roots.proc(pid, "fd")
+                for fd in list_dir(fd_dir):
+                    try:
+                        held.add(os.readlink(os.path.join(fd_dir, fd)))
+                    except OSError:
+                        continue
+            self._open_nodes = held
+        return self._open_nodes
+
+    def mounted_sources(self) -> Set[str]:
+        if self._mounted is None:
+            sources: Set[str] = set()
+            for name in ("mounts", "swaps"):
+                for line in (read_file(self.roots.proc(name)) or "").splitlines():
+                    fields = line.split()
+                    if fields and fields[0].startswith("/dev/"):
+                        sources.add(fields[0])
+            self._mounted = sources
+        return self._mounted
+
+    def usage(self, address: str) -> List[str]:
+        """Why the device is in use right now (empty: nobody holds it)."""
+        reasons: List[str] = []
+        nodes = self.device_nodes(address)
+        held = self.open_nodes()
+        for node in nodes:
+            if node in held:
+                reasons.append("%s is open by a process" % node)
+            if node in self.mounted_sources():
+                reasons.append("%s is mounted or used as swap" % node)
+        base = self.device_dir(address)
+        for iface in list_dir(os.path.join(base, "net")):
+            if read_attr(os.path.join(base, "net", iface, "operstate")) == "up":
+                reasons.append("network interface %s is up" % iface)
+        return reasons
+
+    # -- passthrough --------------------------------------------------------------------
+    def passthrough(self, address: str, devices: Dict[str, Dict[str, Any]], iommu: Dict[str, Any]) -> Dict[str, Any]:
+        """Can ``address`` be given to a VM now? If not, every reason, most basic first."""
+        reasons: List[str] = []
+        members: List[str] = []
+        if not iommu["enabled"]:
+            reasons.append("IOMMU is not enabled: %s" % iommu["reason"])
+        elif devices[address]["iommu_group"] is None:
+            reasons.append("%s has no IOMMU group (no iommu_group link in sysfs)" % address)
+        else:
+            members = self.group_members(address)
+        blockers = []
+        for member in members or [address]:
+            info = devices.get(member) or self.device(member)
+            if info["is_bridge"]:
+                continue
+            driver = info["driver"]
+            if driver and driver not in VFIO_DRIVERS:
+                blockers.append(member)
+                reasons.append("%s (%s) is bound to driver %s, not vfio-pci" % (member, info["id"], driver))
+        return {
+            "possible": not reasons,
+            "reasons": reasons,
+            "iommu_group": devices[address]["iommu_group"],
+            "group_members": members,
+            "blocking_devices": blockers,
+        }

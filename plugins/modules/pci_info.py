@@ -1,0 +1,196 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: pci_info
+short_description: Report PCI devices, GPUs and the IOMMU state of a host, and whether each GPU can be passed through
+version_added: "0.1.0"
+description:
+  - Reads sysfs (and C(/proc/cmdline), C(/proc/cpuinfo)) and reports every PCI device with its
+    ids, class, driver, NUMA node, boot VGA flag, IOMMU group and sibling functions.
+  - Singles out GPUs (every display/3D controller, class 0x03) and tells for each whether it
+    can be handed to a VM right now, and if not, why. Passthrough is possible when the IOMMU
+    is enabled and every endpoint of the GPU's IOMMU group is bound to vfio-pci (or pci-stub)
+    or to no driver; bridges in the group are ignored, as the kernel's vfio does.
+  - Reports the IOMMU state: enabled (the kernel made IOMMU groups) or not and why, the
+    groups and their members, the IOMMU flags on the kernel command line and the flag this
+    CPU needs.
+  - Changes nothing. Reads a C(sysfs_root) and C(proc_root) so it can answer on a captured tree.
+options:
+  sysfs_root:
+    description: Where sysfs is mounted (a captured tree in tests).
+    type: path
+    default: /sys
+  proc_root:
+    description: Where procfs is mounted (C(cmdline), C(cpuinfo), C(<pid>/fd), C(mounts) are read).
+    type: path
+    default: /proc
+  gpus_only:
+    description: Return only the GPUs and the members of their IOMMU groups in C(devices).
+    type: bool
+    default: false
+  check_usage:
+    description:
+      - Also report, per GPU, whether it is in use (an open device node, an interface that is
+        up, a mounted block device). Scans C(/proc/*/fd).
+    type: bool
+    default: true
+notes:
+  - Supports check mode (it never changes anything).
+  - Inside a VM without a virtual IOMMU there are no IOMMU groups; the module says so, with
+    the reason, instead of failing.
+author:
+  - mlinfra.kvm contributors
+'''
+
+EXAMPLES = r'''
+- name: Read the PCI and IOMMU facts of a GPU host
+  mlinfra.kvm.pci_info:
+  register: pci
+
+- name: Show which GPUs can be passed through and why the others cannot
+  ansible.builtin.debug:
+    msg: "{{ item.address }} {{ item.id }}: {{ item.passthrough.possible }} {{ item.passthrough.reasons }}"
+  loop: "{{ pci.gpus }}"
+
+- name: Refuse to go on without an IOMMU
+  ansible.builtin.assert:
+    that: pci.iommu.enabled
+    fail_msg: "{{ pci.iommu.reason }}"
+'''
+
+RETURN = r'''
+devices:
+  description: Every PCI device (or only GPUs and their group members with C(gpus_only)).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    address: {description: "Full PCI address, e.g. 0000:01:00.0.", type: str}
+    id: {description: "vendor:device, e.g. 10de:2335.", type: str}
+    vendor_id: {description: Vendor id (4 hex digits)., type: str}
+    device_id: {description: Device id (4 hex digits)., type: str}
+    vendor_name: {description: Vendor name when known., type: str}
+    subsystem_vendor_id: {description: Subsystem vendor id., type: str}
+    subsystem_device_id: {description: Subsystem device id., type: str}
+    class: {description: "Class code (6 hex digits, e.g. 030200).", type: str}
+    class_name: {description: Human name of the class., type: str}
+    driver: {description: Driver bound now (null when none)., type: str}
+    driver_override: {description: The device's driver_override (null when unset)., type: str}
+    iommu_group: {description: IOMMU group number (null without IOMMU)., type: str}
+    numa_node: {description: NUMA node (null when the kernel reports -1)., type: int}
+    boot_vga: {description: Whether the firmware used it as the boot display., type: bool}
+    is_gpu: {description: A display/3D controller (class 0x03)., type: bool}
+    is_bridge: {description: A bridge (class 0x06)., type: bool}
+    functions: {description: Other functions of the same slot., type: list, elements: str}
+  sample:
+    - address: "0000:00:06.0"
+      id: "10de:2335"
+      class: "030200"
+      class_name: 3D controller
+      driver: nvidia
+      iommu_group: null
+gpus:
+  description: The GPUs, each with C(passthrough) (possible, reasons, iommu_group, group_members, blocking_devices) and C(in_use).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - address: "0000:00:06.0"
+      id: "10de:2335"
+      driver: nvidia
+      passthrough:
+        possible: false
+        reasons:
+          - "IOMMU is not enabled: no IOMMU groups under /sys/kernel/iommu_groups; ..."
+          - "0000:00:06.0 (10de:2335) is bound to driver nvidia, not vfio-pci"
+iommu:
+  description: IOMMU state.
+  returned: always
+  type: dict
+  contains:
+    enabled: {description: The kernel made IOMMU groups., type: bool}
+    groups: {description: "Group number -> member addresses.", type: dict}
+    group_count: {description: Number of groups., type: int}
+    units: {description: "IOMMU units under /sys/class/iommu (dmar0, ivhd0...).", type: list}
+    cmdline_flags: {description: "intel_iommu=, amd_iommu=, iommu= arguments of the running kernel.", type: list}
+    passthrough_mode: {description: iommu=pt is set., type: bool}
+    cpu_vendor: {description: intel, amd or null., type: str}
+    virtual_machine: {description: The CPU flags say this kernel runs in a VM., type: bool}
+    required_argument: {description: The kernel argument that enables the IOMMU on this CPU., type: str}
+    reason: {description: Why the IOMMU is off (null when enabled)., type: str}
+vfio:
+  description: "Whether the vfio-pci driver is loaded (C(driver_loaded)) and the devices bound to it (C(devices))."
+  returned: always
+  type: dict
+'''
+
+from typing import Any, Dict, List
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import PciScanner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import Roots, list_dir
+
+
+class PciInfoRunner:
+    def __init__(self, module: AnsibleModule, scanner: PciScanner) -> None:
+        self.module = module
+        self.scanner = scanner
+
+    def run(self) -> Dict[str, Any]:
+        devices = self.scanner.devices()
+        iommu = self.scanner.iommu()
+        gpus: List[Dict[str, Any]] = []
+        for address, info in devices.items():
+            if not info["is_gpu"]:
+                continue
+            gpu = dict(info)
+            gpu["passthrough"] = self.scanner.passthrough(address, devices, iommu)
+            if self.module.params["check_usage"]:
+                gpu["in_use"] = self.scanner.usage(address)
+            gpus.append(gpu)
+        listed = list(devices.values())
+        if self.module.params["gpus_only"]:
+            wanted = {g["address"] for g in gpus}
+            for gpu in gpus:
+                wanted.update(gpu["passthrough"]["group_members"])
+                wanted.update(gpu["functions"])
+            listed = [d for d in listed if d["address"] in wanted]
+        vfio_dir = self.scanner.roots.sys("bus", "pci", "drivers", "vfio-pci")
+        return {
+            "changed": False,
+            "devices": listed,
+            "gpus": gpus,
+            "iommu": iommu,
+            "vfio": {
+                "driver_loaded": bool(list_dir(vfio_dir)),
+                "devices": sorted(a for a, d in devices.items() if d["driver"] == "vfio-pci"),
+            },
+        }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            sysfs_root=dict(type="path", default="/sys"),
+            proc_root=dict(type="path", default="/proc"),
+            gpus_only=dict(type="bool", default=False),
+            check_usage=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+
+    def runner() -> Dict[str, Any]:
+        roots = Roots(module.params["sysfs_root"], module.params["proc_root"])
+        return PciInfoRunner(module, PciScanner(roots)).run()
+
+    run(module, runner)
+
+
+if __name__ == "__main__":
+    main()

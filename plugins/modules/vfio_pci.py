@@ -1,0 +1,540 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: vfio_pci
+short_description: Bind PCI devices (GPUs) to vfio-pci now and at every boot, whole IOMMU groups only
+version_added: "0.1.0"
+description:
+  - Binds the requested devices to C(vfio-pci) now (C(driver_override), unbind from the host
+    driver, C(drivers_probe)) and persistently (a modprobe.d file with
+    C(options vfio-pci ids=...) and C(softdep <driver> pre: vfio-pci) lines so vfio-pci wins
+    over nvidia, nouveau, snd_hda_intel...; the vfio modules in the initramfs; then
+    C(update-initramfs -u) or C(dracut -f), only when a file changed).
+  - Binds a whole IOMMU group or nothing: a request that leaves another endpoint of a group
+    out is refused, naming it (bridges are ignored, as vfio ignores them).
+  - Safe by default; refuses the boot VGA device and a device in use (an open device node, an
+    interface that is up, a mounted disk) unless I(force=true).
+  - Refuses when the IOMMU is off, naming the kernel argument (C(intel_iommu=on) or
+    C(amd_iommu=on)) and the reboot that are missing (see M(mlinfra.kvm.kernel_cmdline)).
+  - C(state=absent) hands the devices back to their host driver (clears driver_override,
+    unbinds from vfio-pci, C(drivers_probe)) and removes them from the persistent files.
+options:
+  devices:
+    description:
+      - Devices, each a PCI address (C(0000:01:00.0) or C(01:00.0)) or C(vendor:device)
+        ids (C(10de:2335), every device with these ids).
+    type: list
+    elements: str
+    required: true
+  state:
+    description: C(present) binds to vfio-pci, C(absent) hands back to the host driver.
+    type: str
+    choices: [present, absent]
+    default: present
+  force:
+    description: Also bind the boot VGA device and devices in use.
+    type: bool
+    default: false
+  bind_now:
+    description:
+      - Change the running kernel's binding. With C(false) only the persistent files are
+        written (for a host that will reboot anyway, e.g. to turn the IOMMU on); the IOMMU
+        group check then needs groups, and is skipped with a warning when there are none.
+    type: bool
+    default: true
+  persistent:
+    description: Write the modprobe.d and initramfs configuration so the binding survives a reboot.
+    type: bool
+    default: true
+  conf_name:
+    description:
+      - Base name of the modprobe.d file (C(<etc_root>/modprobe.d/<conf_name>.conf)) and of the
+        dracut file. The file lists exactly the devices of the request, so give all
+        passthrough devices of a host in one task (vfio-pci reads one C(ids=) list).
+    type: str
+    default: mlinfra-vfio-pci
+  softdep_modules:
+    description:
+      - Extra host driver modules that vfio-pci must load before. The modules of the drivers
+        the devices are bound to now, and nouveau/nvidia (NVIDIA GPUs), amdgpu/radeon (AMD)
+        and snd_hda_intel (audio functions) are added by themselves.
+    type: list
+    elements: str
+    default: []
+  initramfs:
+    description:
+      - How the vfio modules get into the initramfs. C(auto) picks C(initramfs-tools) when
+        C(<etc_root>/initramfs-tools) exists, else C(dracut) when C(<etc_root>/dracut.conf.d)
+        exists, else C(none) (with a warning).
+    type: str
+    choices: [auto, initramfs-tools, dracut, none]
+    default: auto
+  initramfs_command:
+    description:
+      - argv that rebuilds the initramfs after a persistent file changed. Default
+        C([update-initramfs, -u]) for initramfs-tools, C([dracut, -f]) for dracut.
+    type: list
+    elements: str
+  modprobe_command:
+    description: argv prefix that loads a module (C(vfio-pci) is appended) when vfio-pci is not loaded yet.
+    type: list
+    elements: str
+    default: [modprobe]
+  bind_timeout:
+    description: Seconds to wait for the kernel to show the new binding after C(drivers_probe).
+    type: int
+    default: 10
+  sysfs_root:
+    description: Where sysfs is mounted.
+    type: path
+    default: /sys
+  proc_root:
+    description: Where procfs is mounted.
+    type: path
+    default: /proc
+  etc_root:
+    description: Where C(/etc) is (modprobe.d, initramfs-tools, dracut.conf.d).
+    type: path
+    default: /etc
+notes:
+  - Supports check mode and diff mode. Check mode takes the same decisions (and refusals) as a
+    real run and reports them.
+  - Needs root on the target. Run M(mlinfra.kvm.pci_info) first to see groups and drivers.
+seealso:
+  - module: mlinfra.kvm.pci_info
+  - module: mlinfra.kvm.kernel_cmdline
+author:
+  - mlinfra.kvm contributors
+'''
+
+EXAMPLES = r'''
+- name: Give both functions of the GPU (display and HDMI audio) to vfio-pci, now and at boot
+  mlinfra.kvm.vfio_pci:
+    devices: ["0000:01:00.0", "0000:01:00.1"]
+
+- name: Every H200 of the host
+  mlinfra.kvm.vfio_pci:
+    devices: ["10de:2335"]
+
+- name: Write only the boot configuration; the IOMMU comes on with the next reboot
+  mlinfra.kvm.vfio_pci:
+    devices: ["10de:2335"]
+    bind_now: false
+
+- name: Hand the GPU back to its host driver
+  mlinfra.kvm.vfio_pci:
+    devices: ["0000:01:00.0", "0000:01:00.1"]
+    state: absent
+'''
+
+RETURN = r'''
+devices:
+  description: The devices of the request with their driver before and after.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {address: "0000:01:00.0", id: "10de:2335", iommu_group: "14", driver_before: nvidia, driver: vfio-pci}
+files:
+  description: Persistent files managed and whether each changed.
+  returned: always
+  type: dict
+  sample: {"/etc/modprobe.d/mlinfra-vfio-pci.conf": true}
+initramfs_updated:
+  description: Whether the initramfs command ran.
+  returned: always
+  type: bool
+reboot_required:
+  description: True when only the boot configuration changed (I(bind_now=false)), so the binding starts with the next boot.
+  returned: always
+  type: bool
+actions:
+  description: What was done (or would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+'''
+
+import os
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _pci_vfio as persist
+from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import VENDOR_DEVICE_RE, VFIO_DRIVERS, PciScanner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import (
+    ROOTS_ARGSPEC, Roots, read_file, remove_file, write_attr, write_file_atomic)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name, pci_address
+
+VFIO = "vfio-pci"
+
+
+class VfioService:
+    """The only code that writes sysfs, /etc or runs commands for this module."""
+
+    def __init__(self, module: AnsibleModule, roots: Roots) -> None:
+        self.module = module
+        self.roots = roots
+        self.scanner = PciScanner(roots)
+
+    def vfio_loaded(self) -> bool:
+        return os.path.isdir(self.roots.sys("bus", "pci", "drivers", VFIO))
+
+    def load_vfio(self, modprobe: List[str]) -> None:
+        self.run_command(modprobe + [VFIO])
+        if not self.vfio_loaded():
+            raise KvmError("%s ran but %s does not exist: the kernel has no vfio-pci driver"
+                           % (" ".join(modprobe + [VFIO]), self.roots.sys("bus", "pci", "drivers", VFIO)))
+
+    def run_command(self, argv: List[str]) -> None:
+        rc, out, err = self.module.run_command(argv)
+        if rc != 0:
+            raise KvmError("command %s failed with rc=%s: %s" % (argv, rc, (err or out).strip()),
+                           rc=rc, stdout=out, stderr=err, cmd=argv)
+
+    def _wait_driver(self, address: str, done: Any, timeout: int) -> Optional[str]:
+        """Poll until ``done(driver)``: probing can be asynchronous (driver_async_probe)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            driver = self.scanner.driver(address)
+            if done(driver) or time.monotonic() >= deadline:
+                return driver
+            time.sleep(0.05)
+
+    def bind(self, address: str, timeout: int) -> str:
+        dev = self.scanner.device_dir(address)
+        write_attr(os.path.join(dev, "driver_override"), VFIO)
+        current = self.scanner.driver(address)
+        if current and current != VFIO:
+            write_attr(self.roots.sys("bus", "pci", "drivers", current, "unbind"), address)
+        write_attr(self.roots.sys("bus", "pci", "drivers_probe"), address)
+        driver = self._wait_driver(address, lambda d: d == VFIO, timeout)
+        if driver != VFIO:
+            raise KvmError("%s did not bind to vfio-pci within %ss (driver now: %s); see dmesg"
+                           % (address, timeout, driver or "none"), address=address)
+        return driver
+
+    def release(self, address: str, timeout: int) -> Optional[str]:
+        dev = self.scanner.device_dir(address)
+        # An empty line clears driver_override ("(null)" again).
+        write_attr(os.path.join(dev, "driver_override"), "\n")
+        if self.scanner.driver(address) == VFIO:
+            write_attr(self.roots.sys("bus", "pci", "drivers", VFIO, "unbind"), address)
+        write_attr(self.roots.sys("bus", "pci", "drivers_probe"), address)
+        return self._wait_driver(address, lambda d: d != VFIO, timeout)
+
+    def write(self, path: str, content: Optional[str]) -> None:
+        if content is None:
+            remove_file(path)
+        else:
+            write_file_atomic(path, content, 0o644)
+
+
+class VfioRunner:
+    def __init__(self, module: AnsibleModule, service: VfioService) -> None:
+        self.module = module
+        self.service = service
+        self.scanner = service.scanner
+        self.params = module.params
+        self.tracker = DifferenceTracker()
+
+    # -- request --------------------------------------------------------------------------
+    def resolve(self) -> List[str]:
+        """Addresses of the request; malformed entries and unknown devices are refused."""
+        if not self.params["devices"]:
+            raise InvalidInputError("devices", self.params["devices"], "is empty",
+                                    "list PCI addresses (0000:01:00.0) or vendor:device ids (10de:2335)")
+        addresses: List[str] = []
+        for entry in self.params["devices"]:
+            text = str(entry).strip()
+            match = VENDOR_DEVICE_RE.match(text)
+            if match:
+                found = self.scanner.find_by_id(match.group(1), match.group(2))
+                if not found:
+                    raise InvalidInputError("devices", entry, "matches no PCI device of this host",
+                                            "check the ids with mlinfra.kvm.pci_info")
+            else:
+                address = pci_address("devices", text)
+                if not self.scanner.exists(address):
+                    raise InvalidInputError("devices", entry, "is not a PCI device of this host (no %s)"
+                                            % self.scanner.device_dir(address),
+                                            "list the devices with mlinfra.kvm.pci_info")
+                found = [address]
+            addresses.extend(a for a in found if a not in addresses)
+        return sorted(addresses)
+
+    def validate(self) -> None:
+        timeout = self.params["bind_timeout"]
+        if timeout is None or timeout < 1:
+            raise InvalidInputError("bind_timeout", timeout, "is below 1", "give seconds, e.g. 10")
+        object_name("conf_name", self.params["conf_name"])
+        for module in self.params["softdep_modules"]:
+            if not persist.MODULE_NAME_RE.match(str(module)):
+                raise InvalidInputError("softdep_modules", module, "is not a kernel module name",
+                                        "use letters, digits, '_' or '-', e.g. nouveau")
+
+    # -- checks before binding ------------------------------------------------------------
+    def check_iommu(self, iommu: Dict[str, Any]) -> None:
+        if iommu["enabled"]:
+            return
+        if self.params["bind_now"]:
+            raise ConflictError(
+                "the IOMMU is off (%s), so vfio-pci cannot take devices: add %s (and iommu=pt) to the kernel "
+                "command line (mlinfra.kvm.kernel_cmdline with iommu: auto) and reboot; or set bind_now: false "
+                "to write only the boot configuration now" % (iommu["reason"], iommu["required_argument"]),
+                required_argument=iommu["required_argument"], reboot_required=True)
+        self.module.warn("IOMMU groups are unknown while the IOMMU is off: the whole-group check was skipped; "
+                             "run this task again with bind_now: true after the reboot")
+
+    def check_groups(self, addresses: List[str], devices: Dict[str, Dict[str, Any]]) -> None:
+        for address in addresses:
+            members = self.scanner.group_members(address)
+            missing = [m for m in members if m not in addresses and not devices.get(m, {}).get("is_bridge")]
+            if missing:
+                raise ConflictError(
+                    "%s is in IOMMU group %s with %s, which the request leaves out: vfio can only give a whole "
+                    "group to a VM; add %s to devices (or move the card to a slot with its own group)"
+                    % (address, devices[address]["iommu_group"],
+                       ", ".join("%s (%s, driver %s)" % (m, devices[m]["id"], devices[m]["driver"] or "none")
+                                 for m in missing), ", ".join(missing)),
+                    address=address, missing=missing)
+
+    def check_safety(self, addresses: List[str], devices: Dict[str, Dict[str, Any]]) -> None:
+        for address in addresses:
+            info = devices[address]
+            if info["driver"] in VFIO_DRIVERS:
+                continue
+            problems = []
+            if info["boot_vga"]:
+                problems.append("it is the boot VGA device (the host console)")
+            problems.extend(self.scanner.usage(address))
+            if not problems:
+                continue
+            if not self.params["force"]:
+                raise ConflictError("refusing to take %s (%s) from the host: %s; set force: true to take it anyway"
+                                    % (address, info["id"], "; ".join(problems)), address=address)
+            self.module.warn("force: taking %s although %s" % (address, "; ".join(problems)))
+
+    def check_same_ids(self, addresses: List[str], devices: Dict[str, Dict[str, Any]]) -> None:
+        """`ids=` takes every device with these ids at boot: refuse to take more than asked."""
+        wanted = {devices[a]["id"] for a in addresses}
+        others = [a for a, d in devices.items() if d["id"] in wanted and a not in addresses]
+        if others:
+            raise ConflictError(
+                "the boot configuration (options vfio-pci ids=%s) would also take %s, which the request leaves out: "
+                "add them to devices or set persistent: false" % (",".join(sorted(wanted)), ", ".join(others)),
+                others=others)
+
+    # -- persistent files -----------------------------------------------------------------
+    def initramfs_kind(self) -> str:
+        kind = self.params["initramfs"]
+        if kind != "auto":
+            return kind
+        if os.path.isdir(self.service.roots.etc("initramfs-tools")):
+            return "initramfs-tools"
+        if os.path.isdir(self.service.roots.etc("dracut.conf.d")):
+            return "dracut"
+        return "none"
+
+    def modprobe_path(self) -> str:
+        return self.service.roots.etc("modprobe.d", "%s.conf" % self.params["conf_name"])
+
+    def desired_files(self, entries: Dict[str, Tuple[str, Optional[str]]], softdeps: List[str]
+                      ) -> Dict[str, Optional[str]]:
+        """{path: content or None (absent)} for the persistent configuration."""
+        keep = bool(entries)
+        files: Dict[str, Optional[str]] = {
+            self.modprobe_path(): persist.render_modprobe(entries, softdeps) if keep else None}
+        kind = self.initramfs_kind()
+        if kind == "initramfs-tools":
+            path = self.service.roots.etc("initramfs-tools", "modules")
+            current = read_file(path)
+            files[path] = None if current is None and not keep else persist.render_initramfs_tools(current, keep)
+        elif kind == "dracut":
+            files[self.service.roots.etc("dracut.conf.d", "%s.conf" % self.params["conf_name"])] = (
+                persist.render_dracut() if keep else None)
+        elif keep:
+            self.module.warn("no initramfs tool found under %s (initramfs-tools or dracut): vfio-pci is "
+                                 "not added to the initramfs" % self.service.roots.etc_root)
+        return files
+
+    def present_entries(self, addresses: List[str], devices: Dict[str, Dict[str, Any]]
+                        ) -> Tuple[Dict[str, Tuple[str, Optional[str]]], List[str]]:
+        recorded = persist.parse_devices(read_file(self.modprobe_path()))
+        entries: Dict[str, Tuple[str, Optional[str]]] = {}
+        softdeps = set(self.params["softdep_modules"])
+        for address in addresses:
+            info = devices[address]
+            driver = info["driver"]
+            if driver and driver not in VFIO_DRIVERS:
+                module = self.scanner.driver_module(driver)
+            else:
+                module = recorded.get(address, (None, None))[1]
+            entries[address] = (info["id"], module)
+            if module:
+                softdeps.add(module)
+            softdeps.update(persist.default_softdeps(info["vendor_id"], info["class"]))
+        return entries, sorted(softdeps)
+
+    def remaining_entries(self, addresses: List[str], devices: Dict[str, Dict[str, Any]]
+                          ) -> Tuple[Dict[str, Tuple[str, Optional[str]]], List[str]]:
+        """state=absent: the devices the file keeps once the request's devices are taken out."""
+        entries = {a: e for a, e in persist.parse_devices(read_file(self.modprobe_path())).items()
+                   if a not in addresses}
+        softdeps = {m for _, m in entries.values() if m} | set(self.params["softdep_modules"])
+        for address in entries:
+            if address in devices:
+                softdeps.update(persist.default_softdeps(devices[address]["vendor_id"], devices[address]["class"]))
+        return entries, sorted(softdeps)
+
+    def plan_files(self, desired: Dict[str, Optional[str]]) -> Dict[str, bool]:
+        changed: Dict[str, bool] = {}
+        for path, content in desired.items():
+            before = read_file(path)
+            changed[path] = self.tracker.add("file:" + path, before, content)
+            if changed[path]:
+                self.tracker.action("%s %s" % ("remove" if content is None else "write", path))
+        return changed
+
+    # -- run ------------------------------------------------------------------------------
+    def run(self) -> Dict[str, Any]:
+        self.validate()
+        addresses = self.resolve()
+        devices = self.scanner.devices()
+        iommu = self.scanner.iommu()
+        present = self.params["state"] == "present"
+        if present:
+            self.check_iommu(iommu)
+            if iommu["enabled"]:
+                self.check_groups(addresses, devices)
+            self.check_safety(addresses, devices)
+            if self.params["persistent"]:
+                self.check_same_ids(addresses, devices)
+
+        # Decide everything first (check mode stops after this block).
+        to_change = self.plan_runtime(addresses, devices, present)
+        files_changed: Dict[str, bool] = {}
+        desired: Dict[str, Optional[str]] = {}
+        if self.params["persistent"]:
+            if present:
+                entries, softdeps = self.present_entries(addresses, devices)
+            else:
+                entries, softdeps = self.remaining_entries(addresses, devices)
+            desired = self.desired_files(entries, softdeps)
+            files_changed = self.plan_files(desired)
+        rebuild = any(files_changed.values()) and self.initramfs_kind() != "none"
+        if rebuild:
+            self.tracker.action("run %s" % " ".join(self.initramfs_command()))
+
+        after_drivers = {a: devices[a]["driver"] for a in addresses}
+        if not self.module.check_mode:
+            after_drivers = self.apply_runtime(to_change, present, after_drivers)
+            for path, changed in files_changed.items():
+                if changed:
+                    self.service.write(path, desired[path])
+            if rebuild:
+                self.service.run_command(self.initramfs_command())
+        else:
+            for address in to_change:
+                after_drivers[address] = VFIO if present else "host driver"
+
+        before_drivers = {a: devices[a]["driver"] for a in addresses}
+        return self.result(addresses, devices, before_drivers, after_drivers, files_changed, desired, rebuild)
+
+    def plan_runtime(self, addresses: List[str], devices: Dict[str, Dict[str, Any]], present: bool) -> List[str]:
+        if not self.params["bind_now"]:
+            return []
+        to_change = []
+        for address in addresses:
+            info = devices[address]
+            if present and info["driver"] != VFIO:
+                to_change.append(address)
+                self.tracker.action("bind %s (%s) to vfio-pci (from %s)" % (address, info["id"], info["driver"] or "no driver"))
+            elif not present and (info["driver"] == VFIO or info["driver_override"] == VFIO):
+                to_change.append(address)
+                self.tracker.action("hand %s (%s) back to its host driver" % (address, info["id"]))
+        if present and to_change and not self.service.vfio_loaded():
+            self.tracker.action("load the vfio-pci module")
+        return to_change
+
+    def apply_runtime(self, to_change: List[str], present: bool, drivers: Dict[str, Optional[str]]
+                      ) -> Dict[str, Optional[str]]:
+        timeout = self.params["bind_timeout"]
+        if present and to_change and not self.service.vfio_loaded():
+            self.service.load_vfio(self.params["modprobe_command"])
+        for address in to_change:
+            if present:
+                drivers[address] = self.service.bind(address, timeout)
+            else:
+                drivers[address] = self.service.release(address, timeout)
+                if drivers[address] == VFIO:
+                    self.module.warn("%s went back to vfio-pci: vfio-pci still has its id from the boot "
+                                         "configuration; it is free after the next reboot" % address)
+        return drivers
+
+    def initramfs_command(self) -> List[str]:
+        if self.params["initramfs_command"]:
+            return list(self.params["initramfs_command"])
+        return ["dracut", "-f"] if self.initramfs_kind() == "dracut" else ["update-initramfs", "-u"]
+
+    def result(self, addresses: List[str], devices: Dict[str, Dict[str, Any]], before: Dict[str, Optional[str]],
+               after: Dict[str, Optional[str]], files_changed: Dict[str, bool], desired: Dict[str, Optional[str]],
+               rebuild: bool) -> Dict[str, Any]:
+        listed = [{"address": a, "id": devices[a]["id"], "iommu_group": devices[a]["iommu_group"],
+                   "driver_before": before[a], "driver": after[a]} for a in addresses]
+        result: Dict[str, Any] = {
+            "changed": self.tracker.changed,
+            "devices": listed,
+            "files": files_changed,
+            "initramfs_updated": rebuild and not self.module.check_mode,
+            "reboot_required": bool(any(files_changed.values()) and not self.params["bind_now"]),
+            "actions": self.tracker.actions,
+            "diff": {
+                "before": {"drivers": before, "files": {p: self._before_file(p, desired) for p in files_changed}},
+                "after": {"drivers": dict(after), "files": {p: desired.get(p) for p in files_changed}},
+            },
+        }
+        return result
+
+    def _before_file(self, path: str, desired: Dict[str, Optional[str]]) -> Optional[str]:
+        # The tracker kept the content read before any write.
+        for diff in self.tracker.differences:
+            if diff["name"] == "file:" + path:
+                return diff["before"]
+        return desired.get(path)
+
+
+def main() -> None:
+    argument_spec: Dict[str, Any] = dict(
+        devices=dict(type="list", elements="str", required=True),
+        state=dict(type="str", default="present", choices=["present", "absent"]),
+        force=dict(type="bool", default=False),
+        bind_now=dict(type="bool", default=True),
+        persistent=dict(type="bool", default=True),
+        conf_name=dict(type="str", default="mlinfra-vfio-pci"),
+        softdep_modules=dict(type="list", elements="str", default=[]),
+        initramfs=dict(type="str", default="auto", choices=["auto", "initramfs-tools", "dracut", "none"]),
+        initramfs_command=dict(type="list", elements="str"),
+        modprobe_command=dict(type="list", elements="str", default=["modprobe"]),
+        bind_timeout=dict(type="int", default=10),
+    )
+    argument_spec.update(ROOTS_ARGSPEC)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+
+    def runner() -> Dict[str, Any]:
+        service = VfioService(module, Roots.from_params(module.params))
+        return VfioRunner(module, service).run()
+
+    run(module, runner)
+
+
+if __name__ == "__main__":
+    main()

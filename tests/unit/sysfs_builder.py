@@ -1,0 +1,226 @@
+"""Synthetic sysfs/procfs/etc trees for the host modules' unit tests.
+
+The layout copies the kernel's (and the captured H200 fixture's): devices live under
+``sys/devices/pci0000:00/<address>``, ``sys/bus/pci/devices/<address>`` are relative
+symlinks to them, ``driver`` / ``iommu_group`` are symlinks, drivers have
+``bind``/``unbind``/``new_id``/``remove_id`` files and links to their devices, and
+``sys/kernel/iommu_groups/<n>/devices/<address>`` link back.
+
+The attribute files are plain files: a module writes them and the test reads what was
+written. :class:`FakeKernel` plays the kernel's part where a test needs the effect of a
+write (unbind, drivers_probe): a thread watches those files, moves the symlinks the way the
+kernel would, and logs every write it consumed.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+CPU_FLAGS = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge"
+
+
+class SysfsTree:
+    def __init__(self, base: Path) -> None:
+        self.base = Path(base)
+        self.sys = self.base / "sys"
+        self.proc = self.base / "proc"
+        self.etc = self.base / "etc"
+        for path in (self.sys / "bus" / "pci" / "devices", self.sys / "bus" / "pci" / "drivers",
+                     self.sys / "devices" / "pci0000:00", self.proc, self.etc):
+            path.mkdir(parents=True, exist_ok=True)
+        (self.sys / "bus" / "pci" / "drivers_probe").write_text("")
+        self.host_drivers: Dict[str, Optional[str]] = {}
+        self.cmdline("BOOT_IMAGE=/boot/vmlinuz root=/dev/vda1 ro quiet")
+        self.cpuinfo("intel")
+
+    # -- roots for module arguments ------------------------------------------------------
+    def roots(self) -> Dict[str, str]:
+        return {"sysfs_root": str(self.sys), "proc_root": str(self.proc), "etc_root": str(self.etc)}
+
+    # -- procfs -------------------------------------------------------------------------
+    def cmdline(self, text: str) -> None:
+        (self.proc / "cmdline").write_text(text + "\n")
+
+    def cpuinfo(self, vendor: str, hypervisor: bool = False) -> None:
+        vendor_id = {"intel": "GenuineIntel", "amd": "AuthenticAMD"}.get(vendor, vendor)
+        flags = CPU_FLAGS + (" hypervisor" if hypervisor else "")
+        text = "".join("processor\t: %d\nvendor_id\t: %s\nflags\t\t: %s\n\n" % (n, vendor_id, flags) for n in range(2))
+        (self.proc / "cpuinfo").write_text(text)
+
+    def meminfo(self, total_kib: int, hugepagesize_kib: int = 2048) -> None:
+        (self.proc / "meminfo").write_text(
+            "MemTotal:       %d kB\nMemFree:        %d kB\nHugePages_Total:       0\n"
+            "Hugepagesize:       %d kB\n" % (total_kib, total_kib // 2, hugepagesize_kib))
+
+    def open_fd(self, pid: int, target: str, fd: int = 3) -> None:
+        fd_dir = self.proc / str(pid) / "fd"
+        fd_dir.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, str(fd_dir / str(fd)))
+
+    # -- hugepages ----------------------------------------------------------------------
+    def hugepages(self, sizes_kib: Tuple[int, ...] = (2048, 1048576), nr: int = 0) -> None:
+        for size in sizes_kib:
+            path = self.sys / "kernel" / "mm" / "hugepages" / ("hugepages-%dkB" % size)
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "nr_hugepages").write_text("%d\n" % nr)
+            (path / "free_hugepages").write_text("%d\n" % nr)
+
+    # -- PCI ----------------------------------------------------------------------------
+    def add_driver(self, name: str, module: Optional[str] = None) -> Path:
+        path = self.sys / "bus" / "pci" / "drivers" / name
+        path.mkdir(parents=True, exist_ok=True)
+        for attr in ("bind", "unbind", "new_id", "remove_id"):
+            if not (path / attr).exists():
+                (path / attr).write_text("")
+        if module and not (path / "module").exists():
+            mod = self.sys / "module" / module
+            mod.mkdir(parents=True, exist_ok=True)
+            os.symlink("../../../../module/%s" % module, str(path / "module"))
+        return path
+
+    def enable_iommu(self) -> None:
+        (self.sys / "kernel" / "iommu_groups").mkdir(parents=True, exist_ok=True)
+        (self.sys / "class" / "iommu" / "dmar0").mkdir(parents=True, exist_ok=True)
+
+    def device_path(self, address: str) -> Path:
+        return self.sys / "devices" / "pci0000:00" / address
+
+    def add_device(self, address: str, vendor: str, device: str, cls: str, driver: Optional[str] = None,
+                   group: Optional[int] = None, boot_vga: Optional[bool] = None, numa_node: int = -1,
+                   subsystem: Tuple[str, str] = ("1af4", "1100"), driver_module: Optional[str] = None) -> Path:
+        path = self.device_path(address)
+        path.mkdir(parents=True)
+        attrs = {"vendor": "0x" + vendor, "device": "0x" + device, "class": "0x" + cls,
+                 "subsystem_vendor": "0x" + subsystem[0], "subsystem_device": "0x" + subsystem[1],
+                 "revision": "0x01", "numa_node": str(numa_node), "driver_override": "(null)",
+                 "enable": "1" if driver else "0"}
+        if boot_vga is not None:
+            attrs["boot_vga"] = "1" if boot_vga else "0"
+        for name, value in attrs.items():
+            (path / name).write_text(value + "\n")
+        (path / "uevent").write_text("PCI_ID=%s:%s\nPCI_SLOT_NAME=%s\n" % (vendor.upper(), device.upper(), address))
+        os.symlink("../../../devices/pci0000:00/%s" % address, str(self.sys / "bus" / "pci" / "devices" / address))
+        os.symlink("../../../bus/pci", str(path / "subsystem"))
+        self.host_drivers[address] = driver
+        if driver:
+            self.add_driver(driver, driver_module)
+            self.bind(address, driver)
+        if group is not None:
+            self.enable_iommu()
+            gdir = self.sys / "kernel" / "iommu_groups" / str(group) / "devices"
+            gdir.mkdir(parents=True, exist_ok=True)
+            os.symlink("../../../../devices/pci0000:00/%s" % address, str(gdir / address))
+            os.symlink("../../../kernel/iommu_groups/%d" % group, str(path / "iommu_group"))
+        return path
+
+    def add_class_device(self, address: str, subdir: str, devname: str) -> None:
+        """A class device below the PCI device (drm/card0, sound/card0/controlC0) with its DEVNAME."""
+        path = self.device_path(address) / subdir
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "uevent").write_text("MAJOR=226\nMINOR=0\nDEVNAME=%s\n" % devname)
+
+    def add_netdev(self, address: str, name: str, operstate: str = "up") -> None:
+        path = self.device_path(address) / "net" / name
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "operstate").write_text(operstate + "\n")
+
+    def driver_of(self, address: str) -> Optional[str]:
+        link = self.device_path(address) / "driver"
+        return os.path.basename(os.readlink(str(link))) if link.is_symlink() else None
+
+    def bind(self, address: str, driver: str) -> None:
+        path = self.device_path(address)
+        os.symlink("../../../bus/pci/drivers/%s" % driver, str(path / "driver"))
+        os.symlink("../../../../devices/pci0000:00/%s" % address,
+                   str(self.sys / "bus" / "pci" / "drivers" / driver / address))
+
+    def unbind(self, address: str) -> Optional[str]:
+        driver = self.driver_of(address)
+        if driver:
+            os.unlink(str(self.device_path(address) / "driver"))
+            os.unlink(str(self.sys / "bus" / "pci" / "drivers" / driver / address))
+        return driver
+
+    def override_of(self, address: str) -> Optional[str]:
+        value = (self.device_path(address) / "driver_override").read_text().strip()
+        return None if value in ("", "(null)") else value
+
+    # -- etc ----------------------------------------------------------------------------
+    def os_release(self, os_id: str, like: str = "") -> None:
+        text = 'ID=%s\n' % os_id + ('ID_LIKE="%s"\n' % like if like else "")
+        (self.etc / "os-release").write_text(text)
+
+    def fake_command(self, name: str, rc: int = 0) -> Tuple[Path, Path]:
+        """An executable that logs its argv (one line per call) to <name>.log and exits rc."""
+        bindir = self.base / "bin"
+        bindir.mkdir(exist_ok=True)
+        log = bindir / ("%s.log" % name)
+        script = bindir / name
+        script.write_text("#!/bin/sh\necho \"$0 $*\" >> '%s'\nexit %d\n" % (log, rc))
+        script.chmod(0o755)
+        return script, log
+
+
+class FakeKernel:
+    """Plays the kernel for unbind/bind/drivers_probe writes while a module runs.
+
+    A thread polls the attribute files; when one holds an address it applies the effect
+    (moves the driver symlinks), logs ``(action, driver, address)`` and empties the file,
+    as the kernel consumes a write. On drivers_probe a device without a driver is bound to
+    its driver_override, or when that is empty to its host driver (``tree.host_drivers``)
+    """
+
+    def __init__(self, tree: SysfsTree, interval: float = 0.01) -> None:
+        self.tree = tree
+        self.interval = interval
+        self.log: List[Tuple[str, Optional[str], str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "FakeKernel":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    @staticmethod
+    def _take(path: Path) -> List[str]:
+        try:
+            text = path.read_text()
+        except OSError:
+            return []
+        if not text.strip():
+            return []
+        path.write_text("")
+        return text.split()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.step()
+            time.sleep(self.interval)
+
+    def step(self) -> None:
+        drivers = self.tree.sys / "bus" / "pci" / "drivers"
+        # Take the probe requests first: a module writes unbind before drivers_probe, so any
+        # unbind that belongs to a probe seen here is already in its file for the scan below.
+        probes = self._take(self.tree.sys / "bus" / "pci" / "drivers_probe")
+        for drv in sorted(p for p in drivers.iterdir() if p.is_dir()):
+            for address in self._take(drv / "unbind"):
+                if self.tree.driver_of(address) == drv.name:
+                    self.tree.unbind(address)
+                self.log.append(("unbind", drv.name, address))
+            for address in self._take(drv / "bind"):
+                if self.tree.driver_of(address) is None:
+                    self.tree.bind(address, drv.name)
+                self.log.append(("bind", drv.name, address))
+        for address in probes:
+            if self.tree.driver_of(address) is None:
+                target = self.tree.override_of(address) or self.tree.host_drivers.get(address)
+                if target and (drivers / target).is_dir():
+                    self.tree.bind(address, target)
+            self.log.append(("probe", self.tree.driver_of(address), address))

@@ -1,0 +1,295 @@
+"""vfio_pci on synthetic sysfs trees: the writes it makes, the kernel's answer (FakeKernel),
+the persistent files, the refusals, check/diff mode and four-way idempotence."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from conftest import SHARED, four_ways, run_module_process  # noqa: E402
+from sysfs_builder import FakeKernel, SysfsTree  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+GPU, GPU_AUDIO, BRIDGE = "0000:01:00.0", "0000:01:00.1", "0000:00:1c.0"
+VGA, VGA_AUDIO, EDU = "0000:00:0b.0", "0000:00:0b.1", "0000:00:0a.0"
+H200_TGZ = SHARED / "fixtures" / "h200-passthrough-guest" / "sysfs-pci.tgz"
+
+
+def gpu_host(base: Path, iommu: bool = True) -> SysfsTree:
+    """A host like the issue's lab VM plus a real-looking NVIDIA card behind a root port."""
+    tree = SysfsTree(base)
+    g = (lambda n: n) if iommu else (lambda n: None)
+    tree.add_device("0000:00:00.0", "8086", "29c0", "060000", group=g(0))
+    tree.add_device(BRIDGE, "8086", "a110", "060400", driver="pcieport", group=g(7))
+    tree.add_device(EDU, "1234", "11e8", "00ff00", group=g(5))
+    tree.add_device(VGA, "1234", "1111", "030000", driver="bochs-drm", driver_module="bochs", boot_vga=True, group=g(6))
+    tree.add_device(VGA_AUDIO, "8086", "293e", "040300", driver="snd_hda_intel", group=g(6))
+    tree.add_device(GPU, "10de", "2335", "030200", driver="nvidia", boot_vga=False, group=g(7), numa_node=0)
+    tree.add_device(GPU_AUDIO, "10de", "22a3", "040300", driver="snd_hda_intel", group=g(7), numa_node=0)
+    tree.add_driver("vfio-pci", module="vfio_pci")
+    tree.add_driver("pci-stub")
+    (tree.etc / "initramfs-tools").mkdir()
+    (tree.etc / "initramfs-tools" / "modules").write_text("# List of modules\nloop\n")
+    return tree
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> SysfsTree:
+    return gpu_host(tmp_path)
+
+
+def args_for(tree: SysfsTree, devices: Any, **extra: Any) -> Dict[str, Any]:
+    script, _ = tree.fake_command("update-initramfs")
+    modprobe, _ = tree.fake_command("modprobe")
+    args: Dict[str, Any] = dict(tree.roots(), devices=devices, initramfs_command=[str(script), "-u"],
+                                modprobe_command=[str(modprobe)], bind_timeout=20)
+    args.update(extra)
+    return args
+
+
+def calls(tree: SysfsTree, name: str) -> list:
+    log = tree.base / "bin" / ("%s.log" % name)
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def snapshot(tree: SysfsTree) -> Dict[str, Any]:
+    """Everything a refused run must leave alone."""
+    return {
+        "drivers": {a: tree.driver_of(a) for a in tree.host_drivers},
+        "overrides": {a: tree.override_of(a) for a in tree.host_drivers},
+        "etc": sorted(str(p.relative_to(tree.etc)) + ":" + (p.read_text() if p.is_file() else "")
+                      for p in tree.etc.rglob("*")),
+        "probe": (tree.sys / "bus/pci/drivers_probe").read_text(),
+    }
+
+
+def assert_refused(result: Dict[str, Any], *words: str) -> None:
+    assert result["failed"], result
+    assert result["changed"] is False
+    for word in words:
+        assert word in result["msg"], (word, result["msg"])
+
+
+# -- binding a whole group ---------------------------------------------------------------------
+def test_bind_gpu_and_audio_four_ways(tree: SysfsTree) -> None:
+    args = args_for(tree, [GPU, GPU_AUDIO])
+    with FakeKernel(tree) as kernel:
+        results = four_ways("vfio_pci", args)
+    check, apply = results["check"], results["apply"]
+    # Check mode predicted the bind and wrote nothing before the real run.
+    assert any("bind %s" % GPU in a for a in check["actions"])
+    assert check["diff"]["after"]["drivers"] == {GPU: "vfio-pci", GPU_AUDIO: "vfio-pci"}
+    assert check["diff"]["before"]["drivers"] == {GPU: "nvidia", GPU_AUDIO: "snd_hda_intel"}
+    # The real run: driver_override written, the host drivers unbound, then drivers_probe.
+    assert tree.driver_of(GPU) == "vfio-pci" and tree.driver_of(GPU_AUDIO) == "vfio-pci"
+    assert tree.override_of(GPU) == "vfio-pci" and tree.override_of(GPU_AUDIO) == "vfio-pci"
+    assert ("unbind", "nvidia", GPU) in kernel.log and ("unbind", "snd_hda_intel", GPU_AUDIO) in kernel.log
+    assert ("probe", "vfio-pci", GPU) in kernel.log
+    assert tree.driver_of(BRIDGE) == "pcieport", "the bridge of the group is left alone"
+    assert [d["driver"] for d in apply["devices"]] == ["vfio-pci", "vfio-pci"]
+    # Persistent configuration.
+    conf = (tree.etc / "modprobe.d" / "mlinfra-vfio-pci.conf").read_text()
+    assert "options vfio-pci ids=10de:22a3,10de:2335\n" in conf
+    for module in ("nvidia", "nouveau", "snd_hda_intel"):
+        assert "softdep %s pre: vfio-pci\n" % module in conf
+    assert "# device %s 10de:2335 host-module nvidia" % GPU in conf
+    modules = (tree.etc / "initramfs-tools" / "modules").read_text()
+    assert modules.startswith("# List of modules\nloop\n")
+    assert "vfio\nvfio_iommu_type1\nvfio_pci\n" in modules
+    # update-initramfs ran once: not in check mode, not on the second apply.
+    assert len(calls(tree, "update-initramfs")) == 1 and calls(tree, "update-initramfs")[0].endswith(" -u")
+    assert apply["initramfs_updated"] is True and results["apply_again"]["initramfs_updated"] is False
+    assert calls(tree, "modprobe") == [], "vfio-pci was loaded: no modprobe"
+
+
+def test_check_mode_writes_nothing(tree: SysfsTree) -> None:
+    before = snapshot(tree)
+    result = run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO]), check=True, diff=True)
+    assert result["changed"] is True and not result["failed"]
+    assert snapshot(tree) == before
+    assert calls(tree, "update-initramfs") == []
+    conf = result["diff"]["after"]["files"][str(tree.etc / "modprobe.d" / "mlinfra-vfio-pci.conf")]
+    assert "options vfio-pci ids=10de:22a3,10de:2335" in conf
+
+
+def test_vendor_device_ids_select_devices(tree: SysfsTree) -> None:
+    with FakeKernel(tree):
+        result = run_module_process("vfio_pci", args_for(tree, ["1234:11e8"]))
+    assert not result["failed"], result
+    assert [d["address"] for d in result["devices"]] == [EDU]
+    assert tree.driver_of(EDU) == "vfio-pci"
+    conf = (tree.etc / "modprobe.d" / "mlinfra-vfio-pci.conf").read_text()
+    assert "options vfio-pci ids=1234:11e8\n" in conf and "softdep" not in conf
+
+
+def test_loads_vfio_pci_when_missing(tree: SysfsTree) -> None:
+    shutil.rmtree(str(tree.sys / "bus/pci/drivers/vfio-pci"))
+    modprobe = tree.base / "bin" / "modprobe"
+    args = args_for(tree, [EDU], persistent=False)
+    # A modprobe that does what the kernel does on load: the driver directory appears.
+    modprobe.write_text("#!/bin/sh\necho \"$*\" >> '%s.log'\nmkdir -p '%s'\n"
+                        % (modprobe, tree.sys / "bus/pci/drivers/vfio-pci"))
+    with FakeKernel(tree):
+        result = run_module_process("vfio_pci", args)
+    assert not result["failed"], result
+    assert calls(tree, "modprobe") == ["vfio-pci"]
+    assert tree.driver_of(EDU) == "vfio-pci"
+
+
+# -- state absent ------------------------------------------------------------------------------
+def test_absent_hands_back_four_ways(tree: SysfsTree) -> None:
+    with FakeKernel(tree) as kernel:
+        bound = run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO]))
+        assert not bound["failed"] and tree.driver_of(GPU) == "vfio-pci"
+        kernel.log.clear()
+        results = four_ways("vfio_pci", args_for(tree, [GPU, GPU_AUDIO], state="absent"))
+    assert tree.driver_of(GPU) == "nvidia" and tree.driver_of(GPU_AUDIO) == "snd_hda_intel"
+    assert tree.override_of(GPU) is None, "driver_override cleared"
+    assert ("unbind", "vfio-pci", GPU) in kernel.log and ("probe", "nvidia", GPU) in kernel.log
+    assert not (tree.etc / "modprobe.d" / "mlinfra-vfio-pci.conf").exists()
+    assert (tree.etc / "initramfs-tools" / "modules").read_text() == "# List of modules\nloop\n"
+    assert len(calls(tree, "update-initramfs")) == 2, "once for bind, once for hand-back"
+    assert results["apply"]["diff"]["after"]["drivers"] == {GPU: "nvidia", GPU_AUDIO: "snd_hda_intel"}
+
+
+def test_absent_on_unbound_devices_changes_nothing(tree: SysfsTree) -> None:
+    result = run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO], state="absent"), diff=True)
+    assert not result["failed"] and result["changed"] is False, result
+
+
+# -- refusals: nothing changed ------------------------------------------------------------------
+def test_group_member_left_out_is_refused(tree: SysfsTree) -> None:
+    before = snapshot(tree)
+    result = run_module_process("vfio_pci", args_for(tree, [GPU]))
+    assert_refused(result, GPU_AUDIO, "IOMMU group 7", "add %s to devices" % GPU_AUDIO)
+    assert BRIDGE not in result["msg"], "bridges are not group members that must move"
+    assert snapshot(tree) == before
+
+
+def test_boot_vga_refused_without_force(tree: SysfsTree) -> None:
+    before = snapshot(tree)
+    result = run_module_process("vfio_pci", args_for(tree, [VGA, VGA_AUDIO]))
+    assert_refused(result, VGA, "boot VGA", "force: true")
+    assert snapshot(tree) == before
+    with FakeKernel(tree):
+        forced = run_module_process("vfio_pci", args_for(tree, [VGA, VGA_AUDIO], force=True))
+    assert not forced["failed"], forced
+    assert tree.driver_of(VGA) == "vfio-pci"
+    assert "boot VGA" in str(forced.get("warnings"))
+    assert "softdep bochs pre: vfio-pci" in (tree.etc / "modprobe.d" / "mlinfra-vfio-pci.conf").read_text()
+
+
+def test_device_in_use_refused(tree: SysfsTree) -> None:
+    tree.add_class_device(GPU, "drm/card1", "dri/card1")
+    tree.open_fd(4242, "/dev/dri/card1")
+    before = snapshot(tree)
+    result = run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO]))
+    assert_refused(result, GPU, "/dev/dri/card1 is open by a process", "force: true")
+    assert snapshot(tree) == before
+
+
+def test_network_interface_up_counts_as_in_use(tree: SysfsTree) -> None:
+    tree.add_device("0000:02:00.0", "15b3", "1021", "020000", driver="mlx5_core", group=9)
+    tree.add_netdev("0000:02:00.0", "ens1f0", "up")
+    result = run_module_process("vfio_pci", args_for(tree, ["0000:02:00.0"]))
+    assert_refused(result, "network interface ens1f0 is up")
+
+
+@pytest.mark.parametrize("bad", ["01:00", "0000:01:00.8", "zz:00.0", "01:00.0; rm -rf /", ""])
+def test_malformed_address_refused(tree: SysfsTree, bad: str) -> None:
+    before = snapshot(tree)
+    result = run_module_process("vfio_pci", args_for(tree, [bad]))
+    assert_refused(result, "option devices", "domain:bus:slot.function")
+    assert result["value"] == bad
+    assert snapshot(tree) == before
+
+
+def test_missing_device_refused(tree: SysfsTree) -> None:
+    result = run_module_process("vfio_pci", args_for(tree, ["0000:05:00.0"]))
+    assert_refused(result, "option devices", "0000:05:00.0", "is not a PCI device of this host", "pci_info")
+    result = run_module_process("vfio_pci", args_for(tree, ["dead:beef"]))
+    assert_refused(result, "option devices", "dead:beef", "matches no PCI device")
+
+
+def test_empty_request_refused(tree: SysfsTree) -> None:
+    assert_refused(run_module_process("vfio_pci", args_for(tree, [])), "option devices", "is empty")
+
+
+def test_bad_options_refused(tree: SysfsTree) -> None:
+    assert_refused(run_module_process("vfio_pci", args_for(tree, [EDU], conf_name="../evil")), "option conf_name")
+    assert_refused(run_module_process("vfio_pci", args_for(tree, [EDU], softdep_modules=["a b"])),
+                   "option softdep_modules")
+    assert_refused(run_module_process("vfio_pci", args_for(tree, [EDU], bind_timeout=0)), "option bind_timeout")
+
+
+@pytest.mark.parametrize("vendor,argument", [("intel", "intel_iommu=on"), ("amd", "amd_iommu=on")])
+def test_iommu_off_names_argument_and_reboot(tmp_path: Path, vendor: str, argument: str) -> None:
+    tree = gpu_host(tmp_path, iommu=False)
+    tree.cpuinfo(vendor)
+    before = snapshot(tree)
+    result = run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO]))
+    assert_refused(result, "IOMMU is off", argument, "reboot")
+    assert result["required_argument"] == argument
+    assert snapshot(tree) == before
+
+
+def test_iommu_off_boot_config_only(tmp_path: Path) -> None:
+    tree = gpu_host(tmp_path, iommu=False)
+    result = run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO], bind_now=False))
+    assert not result["failed"], result
+    assert result["reboot_required"] is True
+    assert "whole-group check was skipped" in str(result.get("warnings"))
+    assert tree.driver_of(GPU) == "nvidia", "nothing bound now"
+    assert (tree.etc / "modprobe.d" / "mlinfra-vfio-pci.conf").exists()
+
+
+def test_same_ids_elsewhere_refused_for_boot_config(tree: SysfsTree) -> None:
+    tree.add_device("0000:81:00.0", "10de", "2335", "030200", driver="nvidia", group=20)
+    tree.add_device("0000:81:00.1", "10de", "22a3", "040300", driver="snd_hda_intel", group=20)
+    result = run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO]))
+    assert_refused(result, "0000:81:00.0", "ids=", "persistent: false")
+    with FakeKernel(tree):
+        runtime_only = run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO], persistent=False))
+    assert not runtime_only["failed"], runtime_only
+    assert tree.driver_of(GPU) == "vfio-pci" and tree.driver_of("0000:81:00.0") == "nvidia"
+
+
+def test_dracut_hosts(tmp_path: Path) -> None:
+    tree = gpu_host(tmp_path)
+    shutil.rmtree(str(tree.etc / "initramfs-tools"))
+    (tree.etc / "dracut.conf.d").mkdir()
+    dracut, _ = tree.fake_command("dracut")
+    with FakeKernel(tree):
+        result = run_module_process("vfio_pci", args_for(tree, [EDU], initramfs_command=[str(dracut), "-f"]))
+    assert not result["failed"], result
+    text = (tree.etc / "dracut.conf.d" / "mlinfra-vfio-pci.conf").read_text()
+    assert 'force_drivers+=" vfio vfio_iommu_type1 vfio_pci "' in text
+    assert calls(tree, "dracut")[0].endswith(" -f")
+
+
+def test_initramfs_failure_is_reported(tree: SysfsTree) -> None:
+    failing, _ = tree.fake_command("update-initramfs-broken", rc=3)
+    with FakeKernel(tree):
+        result = run_module_process("vfio_pci", args_for(tree, [EDU], initramfs_command=[str(failing)]))
+    assert result["failed"] and "rc=3" in result["msg"], result
+
+
+def test_h200_guest_capture_refused_iommu_off(tmp_path: Path) -> None:
+    """The real captured VM: no IOMMU, so the module refuses and names the fix."""
+    subprocess.run(["tar", "-xzf", str(H200_TGZ), "-C", str(tmp_path)], check=True)
+    (tmp_path / "proc").mkdir()
+    shutil.copy(str(tmp_path / "proc_cmdline"), str(tmp_path / "proc" / "cmdline"))
+    result = run_module_process("vfio_pci", {"devices": ["10de:2335"], "sysfs_root": str(tmp_path / "sys"),
+                                             "proc_root": str(tmp_path / "proc"), "etc_root": str(tmp_path / "etc")})
+    assert_refused(result, "IOMMU is off", "intel_iommu=on", "reboot")
+    assert not (tmp_path / "etc").exists()
+    assert (tmp_path / "sys/devices/pci0000:00/0000:00:06.0/driver_override").read_text().strip() == "(null)"
