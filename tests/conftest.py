@@ -25,6 +25,10 @@ COLLECTIONS = ROOT / "collections"
 SHARED = ROOT.parent / "shared"
 TEST_PREFIX = "mlkvmtest-"
 
+# Unit tests import the collection's Python code in-process, as ansible_collections.mlinfra.kvm.
+if str(COLLECTIONS) not in sys.path:
+    sys.path.insert(0, str(COLLECTIONS))
+
 
 def module_env() -> Dict[str, str]:
     env = dict(os.environ)
@@ -148,3 +152,16 @@ def pytest_sessionfinish(session, exitstatus):  # noqa: D103 - leftovers of kill
         _cleanup_libvirt("qemu:///system", TEST_PREFIX)
     except Exception:  # libvirtd may not be running for the unit tier: nothing to clean
         pass
+
+
+TIERS = ("unit", "integration", "vm", "lab")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test belongs to exactly one tier, so `make test` (which runs the tiers one by
+    one) cannot silently miss a test that carries no tier marker."""
+    untiered = [item.nodeid for item in items
+                if sum(1 for tier in TIERS if item.get_closest_marker(tier)) != 1]
+    if untiered:
+        raise pytest.UsageError("tests without exactly one tier marker (%s): %s"
+                                % (", ".join(TIERS), ", ".join(untiered[:10])))

@@ -1,0 +1,86 @@
+# mlinfra.kvm — one entry point for set-up, tests, benchmarks and the local lab.
+# `make test` and `make lab` do their own set-up on a fresh Debian 12 machine (as root).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST := $(VENV)/bin/pytest
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc \
+	qemu-system-x86 qemu-utils dnsmasq-base ovmf genisoimage xorriso debootstrap parted \
+	e2fsprogs iproute2 openssh-client rsync git python3-venv python3-dev
+
+.PHONY: help setup apt venv daemons test test-unit test-integration test-vm test-lab \
+	image lab teardown bench build clean
+
+help:
+	@echo "make setup             install Debian packages, create .venv, start libvirtd/virtlogd"
+	@echo "make test              every test tier (unit, integration, vm, lab)"
+	@echo "make test-unit         fast tier: no daemon (seconds)"
+	@echo "make test-integration  real libvirtd on qemu:///system, no guests (a minute)"
+	@echo "make test-vm           boots TCG guests from the debootstrap image (minutes)"
+	@echo "make test-lab          playbooks/site.yml end to end on the local lab (slowest)"
+	@echo "make image             build (or reuse) the Debian guest base image"
+	@echo "make lab               the main job: site.yml against inventories/lab"
+	@echo "make teardown          remove the lab's VMs, volumes and networks (keeps the image)"
+	@echo "make bench             benchmarks under bench/ (not part of the tests)"
+	@echo "make build             ansible-galaxy collection build"
+
+setup: apt venv daemons
+
+apt: .cache/apt.stamp
+.cache/apt.stamp: Makefile
+	@mkdir -p .cache
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "setup: installing Debian packages:" $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	else echo "setup: Debian packages present"; fi
+	@touch $@
+
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: requirements.txt .cache/apt.stamp
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "setup: installing Python requirements into $(VENV)"
+	@$(PY) -m pip install -q --upgrade pip wheel
+	@$(PY) -m pip install -q -r requirements.txt
+	@touch $@
+
+daemons:
+	@scripts/ensure-libvirtd.sh
+
+test: setup
+	@scripts/run-tests.sh unit integration vm lab
+
+test-unit: venv
+	@scripts/run-tests.sh unit
+
+test-integration: setup
+	@scripts/run-tests.sh integration
+
+test-vm: setup
+	@scripts/run-tests.sh vm
+
+test-lab: setup
+	@scripts/run-tests.sh lab
+
+image: setup
+	@bash lab/image/build.sh
+
+lab: setup image
+	@$(VENV)/bin/ansible-playbook playbooks/site.yml -i inventories/lab
+
+teardown: setup
+	@$(VENV)/bin/ansible-playbook playbooks/teardown.yml -i inventories/lab
+
+bench: setup
+	@bash bench/run.sh
+
+build: venv
+	@$(VENV)/bin/ansible-galaxy collection build --force --output-path .
+
+clean:
+	rm -rf .cache .pytest_cache mlinfra-kvm-*.tar.gz
