@@ -156,6 +156,8 @@ class DomainRequest:
                 d.get("max_memory_kib", read_max_memory(self.existing)),
                 d.get("vcpus", read_vcpus(self.existing)),
                 d.get("max_vcpus", read_max_vcpus(self.existing)))
+        else:
+            self._check_limits(mem, max_mem, p.get("vcpus"), p.get("max_vcpus"))
 
     def _check_limits(self, mem: Optional[int], max_mem: Optional[int],
                       vcpus: Optional[int], max_vcpus: Optional[int]) -> None:
