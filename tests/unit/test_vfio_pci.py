@@ -15,31 +15,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from conftest import SHARED, four_ways, run_module_process  # noqa: E402
-from sysfs_builder import FakeKernel, SysfsTree  # noqa: E402
+from sysfs_builder import BRIDGE, EDU, GPU, GPU_AUDIO, VGA, VGA_AUDIO, FakeKernel, SysfsTree, gpu_host  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
-GPU, GPU_AUDIO, BRIDGE = "0000:01:00.0", "0000:01:00.1", "0000:00:1c.0"
-VGA, VGA_AUDIO, EDU = "0000:00:0b.0", "0000:00:0b.1", "0000:00:0a.0"
 H200_TGZ = SHARED / "fixtures" / "h200-passthrough-guest" / "sysfs-pci.tgz"
-
-
-def gpu_host(base: Path, iommu: bool = True) -> SysfsTree:
-    """A host like the issue's lab VM plus a real-looking NVIDIA card behind a root port."""
-    tree = SysfsTree(base)
-    g = (lambda n: n) if iommu else (lambda n: None)
-    tree.add_device("0000:00:00.0", "8086", "29c0", "060000", group=g(0))
-    tree.add_device(BRIDGE, "8086", "a110", "060400", driver="pcieport", group=g(7))
-    tree.add_device(EDU, "1234", "11e8", "00ff00", group=g(5))
-    tree.add_device(VGA, "1234", "1111", "030000", driver="bochs-drm", driver_module="bochs", boot_vga=True, group=g(6))
-    tree.add_device(VGA_AUDIO, "8086", "293e", "040300", driver="snd_hda_intel", group=g(6))
-    tree.add_device(GPU, "10de", "2335", "030200", driver="nvidia", boot_vga=False, group=g(7), numa_node=0)
-    tree.add_device(GPU_AUDIO, "10de", "22a3", "040300", driver="snd_hda_intel", group=g(7), numa_node=0)
-    tree.add_driver("vfio-pci", module="vfio_pci")
-    tree.add_driver("pci-stub")
-    (tree.etc / "initramfs-tools").mkdir()
-    (tree.etc / "initramfs-tools" / "modules").write_text("# List of modules\nloop\n")
-    return tree
 
 
 @pytest.fixture
