@@ -1,0 +1,321 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: kernel_cmdline
+short_description: Kernel command line arguments present or absent (GRUB drop-in or grubby), with reboot_required
+version_added: "0.1.0"
+description:
+  - Makes kernel arguments (C(intel_iommu=on), C(iommu=pt), C(default_hugepagesz=1G hugepagesz=1G hugepages=N),
+    C(vfio-pci.ids=...)) part of the boot configuration.
+  - On Debian and Ubuntu it writes a drop-in C(<etc_root>/default/grub.d/<name>.cfg) that appends the
+    arguments to C(GRUB_CMDLINE_LINUX_DEFAULT), then runs C(update-grub), only when the drop-in changed.
+    The drop-in holds exactly the arguments of the task; use one I(name) per concern.
+  - On EL (RHEL, Rocky, Alma, Fedora) it runs C(grubby --update-kernel=ALL --args=...) or
+    C(--remove-args=...) when a kernel lacks (or still has) an argument.
+  - Returns C(reboot_required) by comparing the wanted arguments with the running kernel's
+    C(/proc/cmdline); it never reboots.
+  - Refuses arguments that would break the GRUB line or run as shell code (spaces, quotes, C($),
+    backticks, backslashes...), before changing anything.
+options:
+  args:
+    description: Kernel arguments, one per item (C(intel_iommu=on), C(iommu=pt)).
+    type: list
+    elements: str
+    default: []
+  iommu:
+    description:
+      - Add the argument that turns the IOMMU on. C(auto) picks C(intel_iommu=on) or C(amd_iommu=on)
+        from the CPU vendor in C(<proc_root>/cpuinfo).
+    type: str
+    choices: [none, auto, intel, amd]
+    default: none
+  state:
+    description:
+      - C(present) puts the arguments on the command line. C(absent) takes them off; with the GRUB
+        backend and no I(args) the whole drop-in is removed.
+    type: str
+    choices: [present, absent]
+    default: present
+  name:
+    description: Base name of the GRUB drop-in (C(<etc_root>/default/grub.d/<name>.cfg)).
+    type: str
+    default: 90-mlinfra-kvm
+  backend:
+    description:
+      - C(grub_dropin) (Debian/Ubuntu) or C(grubby) (EL). C(auto) reads C(<etc_root>/os-release).
+    type: str
+    choices: [auto, grub_dropin, grubby]
+    default: auto
+  update_grub_command:
+    description: argv that regenerates grub.cfg after the drop-in changed.
+    type: list
+    elements: str
+    default: [update-grub]
+  grubby_command:
+    description: argv prefix for grubby.
+    type: list
+    elements: str
+    default: [grubby]
+  etc_root:
+    description: Where C(/etc) is.
+    type: path
+    default: /etc
+  proc_root:
+    description: Where procfs is (C(cmdline), C(cpuinfo)).
+    type: path
+    default: /proc
+notes:
+  - Supports check mode and diff mode.
+  - The new arguments take effect at the next boot; C(reboot_required) says whether one is
+    needed. The role M(mlinfra.kvm.hypervisor) orchestrates that reboot.
+seealso:
+  - module: mlinfra.kvm.vfio_pci
+  - module: mlinfra.kvm.pci_info
+author:
+  - mlinfra.kvm contributors
+'''
+
+EXAMPLES = r'''
+- name: Turn the IOMMU on for this CPU, in passthrough mode
+  mlinfra.kvm.kernel_cmdline:
+    iommu: auto
+    args: [iommu=pt]
+    name: 50-mlinfra-iommu
+  register: cmdline
+
+- name: Reboot when the running kernel lacks them
+  ansible.builtin.reboot:
+  when: cmdline.reboot_required
+
+- name: 1G hugepages at boot
+  mlinfra.kvm.kernel_cmdline:
+    name: 60-mlinfra-hugepages
+    args: [default_hugepagesz=1G, hugepagesz=1G, hugepages=64]
+
+- name: Drop them again
+  mlinfra.kvm.kernel_cmdline:
+    name: 60-mlinfra-hugepages
+    args: [default_hugepagesz=1G, hugepagesz=1G, hugepages=64]
+    state: absent
+'''
+
+RETURN = r'''
+args:
+  description: The arguments of the task (with the IOMMU argument when I(iommu) is set).
+  returned: always
+  type: list
+  elements: str
+  sample: [intel_iommu=on, iommu=pt]
+backend:
+  description: grub_dropin or grubby.
+  returned: always
+  type: str
+path:
+  description: The GRUB drop-in (grub_dropin backend).
+  returned: when backend is grub_dropin
+  type: str
+reboot_required:
+  description: The running kernel's command line differs from what the task wants.
+  returned: always
+  type: bool
+pending:
+  description: Arguments the running kernel lacks (present) or still has (absent).
+  returned: always
+  type: list
+  elements: str
+running_cmdline:
+  description: The running kernel's arguments (C(/proc/cmdline), init's part left out).
+  returned: always
+  type: list
+  elements: str
+commands:
+  description: Commands run (or that would run, in check mode).
+  returned: always
+  type: list
+  elements: list
+'''
+
+from typing import Any, Dict, List, Optional
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _grub as grub
+from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import (
+    Roots, cmdline_args, cpu_vendor, read_file, remove_file, write_file_atomic)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
+
+IOMMU_ARGS = {"intel": "intel_iommu=on", "amd": "amd_iommu=on"}
+
+
+class CmdlineService:
+    """Files under etc_root, /proc reads and the bootloader commands."""
+
+    def __init__(self, module: AnsibleModule, roots: Roots) -> None:
+        self.module = module
+        self.roots = roots
+
+    def running_args(self) -> List[str]:
+        return cmdline_args(read_file(self.roots.proc("cmdline")))
+
+    def cpu_vendor(self) -> Optional[str]:
+        return cpu_vendor(read_file(self.roots.proc("cpuinfo")))
+
+    def os_family(self) -> Optional[str]:
+        return grub.os_family(read_file(self.roots.etc("os-release")))
+
+    def run_command(self, argv: List[str]) -> str:
+        rc, out, err = self.module.run_command(argv)
+        if rc != 0:
+            raise KvmError("command %s failed with rc=%s: %s" % (argv, rc, (err or out).strip()),
+                           rc=rc, stdout=out, stderr=err, cmd=argv)
+        return out
+
+    def write(self, path: str, content: Optional[str]) -> None:
+        if content is None:
+            remove_file(path)
+        else:
+            write_file_atomic(path, content, 0o644)
+
+
+class CmdlineRunner:
+    def __init__(self, module: AnsibleModule, service: CmdlineService) -> None:
+        self.module = module
+        self.service = service
+        self.params = module.params
+        self.tracker = DifferenceTracker()
+        self.commands: List[List[str]] = []
+
+    def wanted_args(self) -> List[str]:
+        args: List[str] = []
+        for arg in self.params["args"]:
+            arg = grub.validate_arg("args", arg)
+            if arg not in args:
+                args.append(arg)
+        iommu = self.params["iommu"]
+        if iommu == "auto":
+            vendor = self.service.cpu_vendor()
+            if vendor is None:
+                raise InvalidInputError("iommu", "auto", "cannot tell the CPU vendor from %s (no GenuineIntel or "
+                                        "AuthenticAMD vendor_id)" % self.service.roots.proc("cpuinfo"),
+                                        "set iommu: intel or iommu: amd")
+            iommu = vendor
+        if iommu in IOMMU_ARGS and IOMMU_ARGS[iommu] not in args:
+            args.insert(0, IOMMU_ARGS[iommu])
+        return args
+
+    def backend(self) -> str:
+        backend = self.params["backend"]
+        if backend != "auto":
+            return backend
+        family = self.service.os_family()
+        if family == "debian":
+            return "grub_dropin"
+        if family == "redhat":
+            return "grubby"
+        raise InvalidInputError("backend", "auto", "cannot be resolved: %s names neither a Debian nor an EL family"
+                                % self.service.roots.etc("os-release"),
+                                "set backend: grub_dropin (GRUB with /etc/default/grub.d) or backend: grubby")
+
+    def run(self) -> Dict[str, Any]:
+        name = object_name("name", self.params["name"])
+        args = self.wanted_args()
+        present = self.params["state"] == "present"
+        if present and not args:
+            raise InvalidInputError("args", self.params["args"], "is empty (and iommu is none)",
+                                    "list kernel arguments or set iommu: auto")
+        backend = self.backend()
+        running = self.service.running_args()
+        result: Dict[str, Any] = {"backend": backend, "args": args, "running_cmdline": running}
+        if backend == "grub_dropin":
+            args_for_reboot = self.grub_dropin(name, args, present, result)
+        else:
+            args_for_reboot = self.grubby(args, present, result)
+        if present:
+            pending = [a for a in args_for_reboot if a not in running]
+        else:
+            pending = [a for a in args_for_reboot if a in running]
+        result.update(changed=self.tracker.changed, pending=pending, reboot_required=bool(pending),
+                      commands=self.commands)
+        return result
+
+    # -- Debian / Ubuntu ------------------------------------------------------------------
+    def grub_dropin(self, name: str, args: List[str], present: bool, result: Dict[str, Any]) -> List[str]:
+        path = self.service.roots.etc("default", "grub.d", "%s.cfg" % name)
+        before = read_file(path)
+        had = grub.parse_dropin(before)
+        if present:
+            after: Optional[str] = grub.render_dropin(args)
+            concerned = args
+        else:
+            keep = [a for a in had if a not in args] if args else []
+            after = grub.render_dropin(keep) if keep else None
+            concerned = args or had
+        result["path"] = path
+        result["diff"] = {"before": before or "", "after": after or "", "before_header": path, "after_header": path}
+        if self.tracker.add(path, before, after):
+            self.tracker.action("%s %s" % ("remove" if after is None else "write", path))
+            self.commands.append(list(self.params["update_grub_command"]))
+            if not self.module.check_mode:
+                self.service.write(path, after)
+                self.service.run_command(list(self.params["update_grub_command"]))
+        return concerned
+
+    # -- EL -------------------------------------------------------------------------------
+    def grubby(self, args: List[str], present: bool, result: Dict[str, Any]) -> List[str]:
+        if not args:
+            raise InvalidInputError("args", self.params["args"], "is empty", "list the arguments to remove (grubby "
+                                    "removes arguments by name, it has no drop-in file to delete)")
+        grubby = list(self.params["grubby_command"])
+        kernels = grub.parse_grubby_info(self.service.run_command(grubby + ["--info=ALL"]))
+        if not kernels:
+            raise KvmError("%s --info=ALL listed no kernel" % " ".join(grubby))
+        if present:
+            todo = [a for a in args if any(a not in kargs for kargs in kernels.values())]
+            argv = grubby + ["--update-kernel=ALL", "--args=%s" % " ".join(todo)]
+            after = {k: v + [a for a in todo if a not in v] for k, v in kernels.items()}
+        else:
+            todo = [a for a in args if any(a in kargs for kargs in kernels.values())]
+            argv = grubby + ["--update-kernel=ALL", "--remove-args=%s" % " ".join(todo)]
+            after = {k: [a for a in v if a not in todo] for k, v in kernels.items()}
+        result["diff"] = {"before": {"kernels": kernels}, "after": {"kernels": after}}
+        if todo:
+            self.tracker.add("kernels", kernels, after)
+            self.tracker.action(" ".join(argv))
+            self.commands.append(argv)
+            if not self.module.check_mode:
+                self.service.run_command(argv)
+        return args
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            args=dict(type="list", elements="str", default=[]),
+            iommu=dict(type="str", default="none", choices=["none", "auto", "intel", "amd"]),
+            state=dict(type="str", default="present", choices=["present", "absent"]),
+            name=dict(type="str", default="90-mlinfra-kvm"),
+            backend=dict(type="str", default="auto", choices=["auto", "grub_dropin", "grubby"]),
+            update_grub_command=dict(type="list", elements="str", default=["update-grub"]),
+            grubby_command=dict(type="list", elements="str", default=["grubby"]),
+            etc_root=dict(type="path", default="/etc"),
+            proc_root=dict(type="path", default="/proc"),
+        ),
+        supports_check_mode=True,
+    )
+
+    def runner() -> Dict[str, Any]:
+        roots = Roots(proc_root=module.params["proc_root"], etc_root=module.params["etc_root"])
+        return CmdlineRunner(module, CmdlineService(module, roots)).run()
+
+    run(module, runner)
+
+
+if __name__ == "__main__":
+    main()
