@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Benchmark: declare N networks, N pools and M volumes, then re-run with nothing to change.
+
+Times the second (no-op) run of mlinfra.kvm's pool/volume/network modules, and in the same
+run the same pools and networks with community.libvirt's virt_pool/virt_net (from PyPI's
+`ansible` package), and reports the ratio. Both use the same ansible-playbook and Python.
+
+    python bench/foundation/run.py [--networks 50 --pools 50 --volumes 200]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+RESULTS = ROOT / "bench" / "results"
+PREFIX = "mlkvmbench-"
+
+
+def cleanup(bench_dir: Path) -> None:
+    import libvirt
+    conn = libvirt.open("qemu:///system")
+    try:
+        for net in conn.listAllNetworks():
+            if net.name().startswith(PREFIX):
+                if net.isActive():
+                    net.destroy()
+                net.undefine()
+        for pool in conn.listAllStoragePools():
+            if pool.name().startswith(PREFIX):
+                if pool.isActive():
+                    pool.destroy()
+                pool.undefine()
+    finally:
+        conn.close()
+    shutil.rmtree(bench_dir, ignore_errors=True)
+
+
+def play(venv: Path, playbook: str, extra: dict) -> float:
+    env = dict(os.environ)
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(ROOT / "collections")
+    env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
+    env.pop("PYTHONPATH", None)
+    cmd = [str(venv / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(HERE / playbook),
+           "-e", json.dumps(dict(extra, ansible_python_interpreter=str(venv / "bin" / "python")))]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(HERE))
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-3000:])
+        raise SystemExit("%s failed (rc=%d)" % (playbook, proc.returncode))
+    recap = [line for line in proc.stdout.splitlines() if line.startswith("localhost")]
+    print("  %-14s %6.1f s  %s" % (playbook, elapsed, recap[-1].split(":", 1)[1].strip() if recap else ""))
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--networks", type=int, default=50)
+    parser.add_argument("--pools", type=int, default=50)
+    parser.add_argument("--volumes", type=int, default=200, help="total volumes, spread over the pools")
+    args = parser.parse_args()
+    venv = Path(subprocess.run(["bash", str(ROOT / "bench" / "setup-ansible-venv.sh")], check=True,
+                               capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    bench_dir = Path("/var/tmp/mlkvm-bench")
+    extra = {"bench_networks": args.networks, "bench_pools": args.pools,
+             "bench_volumes_per_pool": max(1, args.volumes // max(1, args.pools)), "bench_dir": str(bench_dir)}
+    cleanup(bench_dir)
+    try:
+        print("mlinfra.kvm: %(bench_networks)d networks, %(bench_pools)d pools, "
+              "%(bench_volumes_per_pool)d volumes per pool" % extra)
+        m_first = play(venv, "mlinfra.yml", extra)
+        m_second = play(venv, "mlinfra.yml", extra)
+        print("community.libvirt: same networks and pools (no volume module)")
+        c_first = play(venv, "community.yml", extra)
+        c_second = play(venv, "community.yml", extra)
+        print("mlinfra.kvm pools+networks only, for a like-for-like ratio")
+        m_pn = play(venv, "mlinfra.yml", dict(extra, bench_volumes_per_pool=0))
+    finally:
+        cleanup(bench_dir)
+    result = {
+        "networks": args.networks, "pools": args.pools, "volumes": extra["bench_volumes_per_pool"] * args.pools,
+        "mlinfra_first_s": round(m_first, 2), "mlinfra_noop_s": round(m_second, 2),
+        "mlinfra_noop_pools_networks_s": round(m_pn, 2),
+        "community_first_s": round(c_first, 2), "community_noop_s": round(c_second, 2),
+        "noop_ratio_community_over_mlinfra": round(c_second / m_pn, 2),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "foundation.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
