@@ -10,11 +10,11 @@ short_description: Reserve 2M or 1G hugepages now and at boot, and report what t
 version_added: "0.1.0"
 description:
   - Sets C(<sysfs_root>/kernel/mm/hugepages/hugepages-<size>kB/nr_hugepages) to I(count) now, then
-    reads it back: the kernel may grant fewer pages than asked (fragmented memory, typical for 1G
+    reads it back. The kernel may grant fewer pages than asked (fragmented memory, typical for 1G
     pages after boot). C(granted) is what it gave; a warning says when it is short.
   - Persistently, pages of the default hugepage size (C(Hugepagesize) in C(/proc/meminfo), usually
     2M) go to C(<etc_root>/sysctl.d/<sysctl_name>.conf) as C(vm.nr_hugepages). Pages of another size
-    (1G) can only be reserved reliably at boot: the module returns the C(kernel_args) to put on the
+    (1G) can only be reserved reliably at boot; the module returns the C(kernel_args) to put on the
     kernel command line with M(mlinfra.kvm.kernel_cmdline).
   - Refuses a request that would take more than I(max_memory_percent) of C(MemTotal), counting the
     pages already reserved in the other size, before changing anything.

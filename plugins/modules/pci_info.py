@@ -15,7 +15,7 @@ description:
     can be handed to a VM right now, and if not, why. Passthrough is possible when the IOMMU
     is enabled and every endpoint of the GPU's IOMMU group is bound to vfio-pci (or pci-stub)
     or to no driver; bridges in the group are ignored, as the kernel's vfio does.
-  - Reports the IOMMU state: enabled (the kernel made IOMMU groups) or not and why, the
+  - Reports the IOMMU state, enabled (the kernel made IOMMU groups) or not and why, the
     groups and their members, the IOMMU flags on the kernel command line and the flag this
     CPU needs.
   - Changes nothing. Reads a C(sysfs_root) and C(proc_root) so it can answer on a captured tree.

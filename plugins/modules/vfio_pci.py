@@ -11,12 +11,12 @@ version_added: "0.1.0"
 description:
   - Binds the requested devices to C(vfio-pci) now (C(driver_override), unbind from the host
     driver, C(drivers_probe)) and persistently (a modprobe.d file with
-    C(options vfio-pci ids=...) and C(softdep <driver> pre: vfio-pci) lines so vfio-pci wins
+    C(options vfio-pci ids=...) and C(softdep <driver> pre vfio-pci) lines so vfio-pci wins
     over nvidia, nouveau, snd_hda_intel...; the vfio modules in the initramfs; then
     C(update-initramfs -u) or C(dracut -f), only when a file changed).
-  - Binds a whole IOMMU group or nothing: a request that leaves another endpoint of a group
+  - Binds a whole IOMMU group or nothing; a request that leaves another endpoint of a group
     out is refused, naming it (bridges are ignored, as vfio ignores them).
-  - Safe by default; refuses the boot VGA device and a device in use (an open device node, an
+  - Safe by default. Refuses the boot VGA device and a device in use (an open device node, an
     interface that is up, a mounted disk) unless I(force=true).
   - Refuses when the IOMMU is off, naming the kernel argument (C(intel_iommu=on) or
     C(amd_iommu=on)) and the reboot that are missing (see M(mlinfra.kvm.kernel_cmdline)).
