@@ -95,7 +95,7 @@ requested:
   returned: always
   type: int
 granted:
-  description: Pages the kernel holds after the write (read back from nr_hugepages).
+  description: Pages the kernel holds after the write (read back from nr_hugepages); in check mode the count it would be asked for.
   returned: always
   type: int
 fully_granted:
@@ -123,7 +123,7 @@ kernel_args:
 '''
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 

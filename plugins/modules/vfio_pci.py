@@ -286,11 +286,14 @@ class VfioRunner:
         if iommu["enabled"]:
             return
         if self.params["bind_now"]:
-            raise ConflictError(
-                "the IOMMU is off (%s), so vfio-pci cannot take devices: add %s (and iommu=pt) to the kernel "
-                "command line (mlinfra.kvm.kernel_cmdline with iommu: auto) and reboot; or set bind_now: false "
-                "to write only the boot configuration now" % (iommu["reason"], iommu["required_argument"]),
-                required_argument=iommu["required_argument"], reboot_required=True)
+            if iommu["cmdline_flags"] and "firmware" in (iommu["reason"] or ""):
+                cause = iommu["reason"]
+            else:
+                cause = ("no IOMMU groups under %s, so vfio-pci cannot take devices: add %s (and iommu=pt) to the "
+                         "kernel command line (mlinfra.kvm.kernel_cmdline with iommu: auto) and reboot"
+                         % (self.scanner.roots.sys("kernel", "iommu_groups"), iommu["required_argument"]))
+            raise ConflictError("the IOMMU is off: %s; or set bind_now: false to write only the boot configuration now"
+                                % cause, required_argument=iommu["required_argument"], reboot_required=True)
         self.module.warn("IOMMU groups are unknown while the IOMMU is off: the whole-group check was skipped; "
                              "run this task again with bind_now: true after the reboot")
 
