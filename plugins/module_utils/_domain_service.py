@@ -170,7 +170,14 @@ class DomainService:
 
     def set_metadata(self, dom: Any, value: Dict[str, str], live: bool) -> None:
         flags = self.live_flags() if live else libvirt.VIR_DOMAIN_AFFECT_CONFIG
-        xml = etree.tostring(metadata_element(value), encoding="unicode") if value else None
+        # libvirt puts the element into the namespace itself; an element that already
+        # declares it makes libvirt fail with "failed to create a new XML namespace".
+        xml = None
+        if value:
+            plain = etree.Element("vm")
+            for child in metadata_element(value):
+                etree.SubElement(plain, child.tag).text = child.text
+            xml = etree.tostring(plain, encoding="unicode")
         call("setting the metadata of %s" % dom.name(), dom.setMetadata,
              libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, MLINFRA_PREFIX if value else None,
              MLINFRA_NS, flags)

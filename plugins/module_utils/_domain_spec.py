@@ -349,8 +349,20 @@ def _os_type(root: Any) -> Any:
     return type_el
 
 
+def _machine_family(machine: Optional[str]) -> str:
+    machine = machine or ""
+    return "q35" if "q35" in machine else ("pc" if machine.startswith("pc") else machine)
+
+
 def write_machine(root: Any, value: str) -> None:
-    _os_type(root).set("machine", value)
+    type_el = _os_type(root)
+    if _machine_family(type_el.get("machine")) != _machine_family(value):
+        # q35 (PCIe) and pc (PCI) need different controllers and device addresses; drop the
+        # ones libvirt assigned so that it lays the new machine out itself.
+        devices = _devices(root)
+        _remove(devices.findall("controller"))
+        _remove(devices.findall("*/address"))
+    type_el.set("machine", value)
 
 
 def write_arch(root: Any, value: str) -> None:

@@ -481,10 +481,19 @@ class DomainRunner:
         if dom is None:
             request.creation_defaults()
             dom = self.define_new(name, desired)
+            self.ensure_autostart(dom)
+            state = self.ensure_state(dom, state)
+        elif self.params["state"] in ("shutdown", "destroyed"):
+            # Stop first, then change the definition: nothing is attempted live on a guest
+            # that is about to stop anyway.
+            state = self.ensure_state(dom, state)
+            self.update(dom, self.service.inactive_root(dom) if not self.check else existing,
+                        desired, state)
+            self.ensure_autostart(dom)
         else:
             self.update(dom, existing, desired, state)
-        self.ensure_autostart(dom)
-        state = self.ensure_state(dom, state)
+            self.ensure_autostart(dom)
+            state = self.ensure_state(dom, state)
         return self.result(dom, state)
 
     # ------------------------------------------------------------------ definition
