@@ -231,3 +231,22 @@ def _flatten_addresses(found: Dict[str, Any], source: str) -> List[Dict[str, str
                         "address": addr.get("addr"), "prefix": addr.get("prefix"),
                         "type": kind, "source": source})
     return out
+
+
+def lease_map(conn: Any) -> Dict[str, List[Dict[str, Any]]]:
+    """MAC -> DHCP leases over every active network: one call per network, however many
+    domains there are (the inventory plugin and domain_info both rely on that)."""
+    leases: Dict[str, List[Dict[str, Any]]] = {}
+    for net in call("listing active networks", conn.listAllNetworks,
+                    libvirt.VIR_CONNECT_LIST_NETWORKS_ACTIVE):
+        try:
+            found = net.DHCPLeases()
+        except libvirt.libvirtError:  # a network without DHCP has no leases to give
+            continue
+        for lease in found or []:
+            mac = (lease.get("mac") or "").lower()
+            leases.setdefault(mac, []).append({
+                "address": lease.get("ipaddr"), "prefix": lease.get("prefix"),
+                "type": "ipv4" if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 else "ipv6",
+                "hostname": lease.get("hostname"), "network": net.name(), "source": "lease"})
+    return leases
