@@ -111,7 +111,7 @@ class DomainRequest:
 
     def creation_defaults(self) -> None:
         """Fill what a new domain needs and the user left out."""
-        p, d = self.params, self.desired
+        d = self.desired
         if d.get("memory_kib") is None or d.get("vcpus") is None:
             missing = "memory" if d.get("memory_kib") is None else "vcpus"
             raise InvalidInputError(missing, None, "is required to define domain %s, which does not "
@@ -132,7 +132,6 @@ class DomainRequest:
         d.setdefault("rng", True)
         d.setdefault("guest_agent", True)
         self._check_limits(d["memory_kib"], d["max_memory_kib"], d["vcpus"], d["max_vcpus"])
-        _ = p
 
     # ------------------------------------------------------------------ parts
     def _memory_and_vcpus(self) -> None:

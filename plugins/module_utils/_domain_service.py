@@ -146,8 +146,6 @@ class DomainService:
                 return False
             self.sleep(0.5)
 
-    _LIVE = None
-
     @staticmethod
     def live_flags() -> int:
         return libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG

@@ -97,8 +97,7 @@ from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import (
-    DomainService, lease_map, state_name)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import DomainService, lease_map
 from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import (
     hostdev_addresses, read_cdroms, read_disks, read_interfaces, read_max_memory, read_max_vcpus,
     read_memory, read_metadata, read_vcpus)

@@ -344,3 +344,115 @@ def test_new_domain_needs_memory_and_vcpus(gpu_host):
     with pytest.raises(InvalidInputError) as err:
         req.creation_defaults()
     assert err.value.details["option"] == "memory"
+
+
+# --------------------------------------------------------------------------- live vs restart decisions
+
+class RecordingService(FakeService):
+    """A running domain (LIBVIRT_STORED) whose service records every side effect."""
+
+    def __init__(self, sysfs_root: str, state: str = "running", xml: str = LIBVIRT_STORED) -> None:
+        super().__init__(sysfs_root=sysfs_root)
+        self.root = parse(xml)
+        self._state = state
+        self.calls: List[tuple] = []
+
+    class Dom:
+        def name(self):
+            return "vm1"
+
+        def UUIDString(self):
+            return "9dbdef7e-7ef2-4282-98b7-2e0baf076de0"
+
+    def lookup(self, name):
+        return self.Dom()
+
+    def inactive_root(self, dom):
+        return self.root
+
+    def state(self, dom):
+        return self._state
+
+    def autostart(self, dom):
+        return False
+
+    def __getattr__(self, action):
+        # define, attach, detach, set_vcpus, set_memory, request_shutdown, start, ... are recorded.
+        def record(*args, **kwargs):
+            self.calls.append((action,) + tuple(to_string(a) if hasattr(a, "tag") else a for a in args[1:]))
+            if action == "define":
+                self.root = args[0]
+            return True
+        return record
+
+
+class FakeModule:
+    def __init__(self, params: Dict[str, Any], check: bool = False) -> None:
+        from ansible_collections.mlinfra.kvm.plugins.modules.domain import argument_spec
+        self.params = {k: v.get("default") for k, v in argument_spec().items()}
+        self.params.update(params)
+        self.check_mode = check
+        self._diff = True
+
+
+def run_domain(service, check=False, **params):
+    from ansible_collections.mlinfra.kvm.plugins.modules.domain import DomainRunner
+    params.setdefault("name", "vm1")
+    params.setdefault("sysfs_root", service.sysfs_root)
+    return DomainRunner(FakeModule(params, check), service).run()
+
+
+@pytest.fixture
+def running(tmp_path):
+    return RecordingService(make_sysfs(str(tmp_path / "sys"), GPU_HOST))
+
+
+def test_hostdev_attached_live(running):
+    result = run_domain(running, hostdevs=[{"address": "0000:01:00.0", "managed": True, "index": 0,
+                                            "include_functions": True}])
+    assert result["actions"] == ["attach hostdev 0000:01:00.1 live"]
+    assert result["restart_required"] is False
+    (call,) = [c for c in running.calls if c[0] == "attach"]
+    assert "bus=\"0x01\"" in call[1] and "function=\"0x1\"" in call[1]
+
+
+def test_hostdev_detached_live(running):
+    result = run_domain(running, hostdevs=[])
+    assert result["actions"] == ["detach hostdev 0000:01:00.0 live"]
+    assert [c[0] for c in running.calls if c[0] in ("attach", "detach", "define")] == ["detach"]
+
+
+def test_new_maximum_needs_a_restart(running):
+    result = run_domain(running, vcpus=4, max_vcpus=4)
+    assert result["restart_required"] is True
+    assert [c[0] for c in running.calls if c[0] in ("set_vcpus", "define")] == ["define"]
+    assert result["domain"]["max_vcpus"] == 4
+
+
+def test_memory_without_balloon_needs_a_restart(tmp_path):
+    service = RecordingService(make_sysfs(str(tmp_path / "sys"), GPU_HOST),
+                               xml=LIBVIRT_STORED.replace("<memballoon model='virtio'>", "<memballoon model='none'>"))
+    result = run_domain(service, memory="200M")
+    assert result["restart_required"] is True and "set_memory" not in [c[0] for c in service.calls]
+
+
+def test_check_mode_predicts_without_side_effects(running):
+    result = run_domain(running, check=True, vcpus=2, rng=True)
+    assert result["changed"] is True and result["restart_required"] is True
+    assert "set vcpus live" in result["actions"]
+    assert [c for c in running.calls if c[0] not in ("lookup",)] == []
+
+
+def test_restart_option_restarts_after_a_non_live_change(running):
+    running.wait_shutoff = lambda dom, timeout: True
+    result = run_domain(running, rng=True, restart=True)
+    assert result["restarted"] is True and result["restart_required"] is False
+    assert [c[0] for c in running.calls if c[0] in ("define", "request_shutdown", "start")] == \
+        ["define", "request_shutdown", "start"]
+
+
+def test_shut_off_domain_is_redefined_once(tmp_path):
+    service = RecordingService(make_sysfs(str(tmp_path / "sys"), GPU_HOST), state="shutoff")
+    result = run_domain(service, vcpus=2, rng=True, hostdevs=[])
+    assert result["actions"] == ["redefine"] and result["restart_required"] is False
+    assert [c[0] for c in service.calls if c[0] in ("define", "attach", "detach", "set_vcpus")] == ["define"]
