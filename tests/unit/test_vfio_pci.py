@@ -273,3 +273,30 @@ def test_h200_guest_capture_refused_iommu_off(tmp_path: Path) -> None:
     assert_refused(result, "IOMMU is off", "intel_iommu=on", "reboot")
     assert not (tmp_path / "etc").exists()
     assert (tmp_path / "sys/devices/pci0000:00/0000:00:06.0/driver_override").read_text().strip() == "(null)"
+
+
+def test_iommu_flag_set_but_no_groups_points_at_firmware(tmp_path: Path) -> None:
+    tree = gpu_host(tmp_path, iommu=False)
+    tree.cmdline("root=/dev/sda1 ro intel_iommu=on iommu=pt")
+    result = run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO]))
+    assert_refused(result, "IOMMU is off", "firmware")
+
+
+def test_absent_with_iommu_off_cleans_boot_config(tmp_path: Path) -> None:
+    tree = gpu_host(tmp_path, iommu=False)
+    written = run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO], bind_now=False))
+    assert written["changed"] and (tree.etc / "modprobe.d" / "mlinfra-vfio-pci.conf").exists()
+    results = four_ways("vfio_pci", args_for(tree, [GPU, GPU_AUDIO], state="absent"))
+    assert not (tree.etc / "modprobe.d" / "mlinfra-vfio-pci.conf").exists()
+    assert results["apply"]["devices"][0]["driver"] == "nvidia"
+
+
+def test_absent_of_one_group_keeps_the_other(tree: SysfsTree) -> None:
+    with FakeKernel(tree):
+        run_module_process("vfio_pci", args_for(tree, [GPU, GPU_AUDIO, EDU]))
+        result = run_module_process("vfio_pci", args_for(tree, [EDU], state="absent"))
+    assert not result["failed"], result
+    conf = (tree.etc / "modprobe.d" / "mlinfra-vfio-pci.conf").read_text()
+    assert "ids=10de:22a3,10de:2335\n" in conf and "1234:11e8" not in conf
+    assert "softdep nvidia pre: vfio-pci" in conf, "the host module remembered in the file survives"
+    assert tree.driver_of(GPU) == "vfio-pci" and tree.driver_of(EDU) is None
