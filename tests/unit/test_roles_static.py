@@ -1,0 +1,136 @@
+"""The guest roles without a guest: syntax, argument_specs and preflight refusals.
+
+Every play runs against localhost (connection local) in check mode with the preflight tag,
+so nothing on this machine changes; the roles are resolved as mlinfra.kvm.<role> through
+the repository's ansible.cfg (collections/ansible_collections/mlinfra/kvm -> the checkout).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+ROLES = ["nvidia_driver", "cuda", "ml_runtime", "mlflow_server"]
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+
+
+def play(tmp_path: Path, role: str, role_vars: dict, gather: bool = False) -> Path:
+    path = tmp_path / ("play-%s.yml" % role)
+    path.write_text(yaml.safe_dump([{
+        "name": "static check of %s" % role,
+        "hosts": "localhost",
+        "gather_facts": gather,
+        "roles": [{"role": "mlinfra.kvm.%s" % role, "vars": role_vars}],
+    }], sort_keys=False))
+    return path
+
+
+def run_playbook(path: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_STDOUT_CALLBACK="default",
+               ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_CALLBACK_FORMAT_PRETTY="0", ANSIBLE_RETRY_FILES_ENABLED="0",
+               ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
+    argv = [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local",
+            "-e", "ansible_python_interpreter=%s" % sys.executable, str(path)] + list(extra)
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=timeout)
+
+
+def failures(proc: subprocess.CompletedProcess) -> list:
+    """(task name, msg) of every failed task, read from the default callback's output."""
+    found, task = [], None
+    for line in proc.stdout.splitlines():
+        if line.startswith("TASK ["):
+            task = line[len("TASK ["):line.rindex("]")]
+        elif line.startswith("fatal: ") and "=> " in line:
+            result = json.loads(line[line.index("=> ") + 3:])
+            found.append((task, str(result.get("msg"))))
+    return found
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("role", ROLES)
+def test_role_layout(role):
+    base = ROOT / "roles" / role
+    for rel in ("defaults/main.yml", "meta/main.yml", "meta/argument_specs.yml", "tasks/main.yml",
+                "tasks/preflight.yml", "handlers/main.yml", "vars/main.yml"):
+        assert (base / rel).is_file(), "%s: %s missing" % (role, rel)
+    defaults = yaml.safe_load((base / "defaults/main.yml").read_text())
+    spec = yaml.safe_load((base / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    # Every default is documented, every documented option has a default, all carry the prefix.
+    assert set(defaults) == set(spec), (set(defaults) ^ set(spec))
+    assert all(name.startswith(role + "_") for name in defaults), [n for n in defaults if not n.startswith(role + "_")]
+    internal = yaml.safe_load((base / "vars/main.yml").read_text())
+    assert all(name.startswith("__%s_" % role) for name in internal), internal.keys()
+    # preflight only asserts
+    for task in yaml.safe_load((base / "tasks/preflight.yml").read_text()):
+        modules = [k for k in task if k not in ("name", "when", "tags", "vars")]
+        assert modules == ["ansible.builtin.assert"], (role, task["name"], modules)
+        assert "fail_msg" in task["ansible.builtin.assert"], (role, task["name"])
+    # handlers listen on a topic
+    for handler in yaml.safe_load((base / "handlers/main.yml").read_text()):
+        assert handler.get("listen"), (role, handler["name"])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("role", ROLES)
+def test_syntax_check(tmp_path, role):
+    proc = run_playbook(play(tmp_path, role, {}), "--syntax-check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("role,role_vars,needle", [
+    ("ml_runtime", {"ml_runtime_source": "ftp"}, "ml_runtime_source"),
+    ("ml_runtime", {"ml_runtime_packages": {"numpy": "2.4.6"}}, "ml_runtime_packages"),
+    ("mlflow_server", {"mlflow_server_backend": "mysql"}, "mlflow_server_backend"),
+    ("mlflow_server", {"mlflow_server_port": "http"}, "mlflow_server_port"),
+    ("nvidia_driver", {"nvidia_driver_allow_reboot": "perhaps"}, "nvidia_driver_allow_reboot"),
+    ("cuda", {"cuda_source": "conda"}, "cuda_source"),
+])
+def test_argument_specs_refuse_bad_types(tmp_path, role, role_vars, needle):
+    proc = run_playbook(play(tmp_path, role, role_vars), "--check", "--tags", "preflight")
+    assert proc.returncode != 0, proc.stdout
+    failed = failures(proc)
+    assert failed, proc.stdout
+    name, msg = failed[0]
+    assert "argument" in name.lower() or "validat" in name.lower(), failed
+    assert needle in msg, failed
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("role,role_vars,needle", [
+    # This controller is Debian 12 (gathered facts): only branch 535 exists there.
+    ("nvidia_driver", {"nvidia_driver_branch": "999"}, "nvidia_driver_branch=999 does not exist for Debian 12"),
+    ("nvidia_driver", {"nvidia_driver_branch": "550"}, "available: 535"),
+    ("nvidia_driver", {"nvidia_driver_kernel_versions": ["latest"]}, "nvidia_driver_kernel_versions"),
+    ("cuda", {"cuda_version": "12.4", "cuda_driver_branch": "535"}, "CUDA 12.4 needs driver branch 550"),
+    ("cuda", {"cuda_version": "12.2", "cuda_driver_branch": "535"}, "cuda_source=distro on Debian 12 gives CUDA 11.8"),
+    ("ml_runtime", {"ml_runtime_packages": ["numpy", "torch==2.13.0"]}, "not pinned: ['numpy']"),
+    ("ml_runtime", {"ml_runtime_packages": "numpy==2.4.6"}, "must be a non-empty list of name==version pins"),
+    ("ml_runtime", {"ml_runtime_venv": "venv"}, "ml_runtime_venv=venv is not an absolute path"),
+    ("mlflow_server", {"mlflow_server_version": "latest"}, "mlflow_server_version=latest"),
+    ("mlflow_server", {"mlflow_server_bind_address": "tracking.lab"}, "mlflow_server_bind_address=tracking.lab"),
+    ("mlflow_server", {"mlflow_server_port": 70000}, "mlflow_server_port=70000"),
+])
+def test_preflight_refuses_bad_input(tmp_path, role, role_vars, needle):
+    proc = run_playbook(play(tmp_path, role, role_vars, gather=role in ("nvidia_driver", "cuda")),
+                        "--check", "--tags", "preflight")
+    assert proc.returncode != 0, proc.stdout
+    failed = failures(proc)
+    assert failed and needle in failed[0][1], failed
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("role", ROLES)
+def test_preflight_accepts_the_defaults(tmp_path, role):
+    role_vars = {"mlflow_server_credentials_file": str(tmp_path / "creds.json")} if role == "mlflow_server" else {}
+    proc = run_playbook(play(tmp_path, role, role_vars, gather=role in ("nvidia_driver", "cuda")),
+                        "--check", "--tags", "preflight")
+    assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:], proc.stderr[-2000:])
