@@ -3,7 +3,7 @@
 the same with community.libvirt's ``virt`` module (command=define from a template); and the
 inventory plugin listing M defined domains.
 
-    bench/domains/run.sh [--domains 100] [--inventory-domains 500] [--repeat 3]
+    bench/domains/run.sh [--domains 100] [--inventory-domains 500] [--repeat 3] [--noop-runs 3]
 
 Both define playbooks run with the same ansible-playbook and Python (bench/.venv-ansible, made
 by bench/setup-ansible-venv.sh from PyPI's ``ansible`` package, which ships community.libvirt),
@@ -170,19 +170,27 @@ def main() -> None:
     parser.add_argument("--domains", type=int, default=100)
     parser.add_argument("--inventory-domains", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=3, help="ansible-inventory runs (median)")
+    parser.add_argument("--noop-runs", type=int, default=3, help="no-op re-runs of each playbook (median)")
     args = parser.parse_args()
     venv = Path(subprocess.run(["bash", str(ROOT / "bench" / "setup-ansible-venv.sh")], check=True,
                                capture_output=True, text=True).stdout.strip().splitlines()[-1])
     cleanup()
+    load_before = os.getloadavg()[0]
     extra = {"bench_domains": args.domains, "bench_dir": str(BENCH_DIR), "bench_network": NETWORK}
     try:
         conn, net, subnet = setup(args.domains)
         print("mlinfra.kvm.domain: %d domains from structured options" % args.domains, flush=True)
         m_first = play(venv, "mlinfra.yml", extra)
-        m_second = play(venv, "mlinfra.yml", extra)
         print("community.libvirt.virt: %d domains, command=define from a template" % args.domains, flush=True)
         c_first = play(venv, "community.yml", extra)
-        c_second = play(venv, "community.yml", extra)
+        # No-op re-runs, interleaved so that load from elsewhere on the host hits both alike;
+        # the medians are compared.
+        print("no-op re-runs, interleaved, %d each" % args.noop_runs, flush=True)
+        m_runs, c_runs = [], []
+        for _ in range(args.noop_runs):
+            m_runs.append(play(venv, "mlinfra.yml", extra))
+            c_runs.append(play(venv, "community.yml", extra))
+        m_second, c_second = statistics.median(m_runs), statistics.median(c_runs)
         print("mlinfra.kvm.libvirt inventory", flush=True)
         define_for_inventory(conn, net, subnet, args.inventory_domains)
         inventory = time_inventory(venv, args.inventory_domains, args.repeat)
@@ -199,7 +207,11 @@ def main() -> None:
         "ansible_core": subprocess.run([str(venv / "bin" / "python"), "-c",
                                         "import ansible.release as r; print(r.__version__)"],
                                        capture_output=True, text=True).stdout.strip(),
+        "mlinfra_noop_runs_s": [round(x, 2) for x in m_runs],
+        "community_noop_runs_s": [round(x, 2) for x in c_runs],
         "cpus": os.cpu_count(),
+        # This host is shared (other sessions boot TCG guests): the load says how noisy it was.
+        "loadavg_1min_before": round(load_before, 2), "loadavg_1min_after": round(os.getloadavg()[0], 2),
     }
     result.update(inventory)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -207,7 +219,7 @@ def main() -> None:
     print(json.dumps(result, indent=1))
     rows = [
         ("define %d domains, first run" % args.domains, result["mlinfra_first_s"], result["community_first_s"]),
-        ("define %d domains, no-op re-run" % args.domains, result["mlinfra_noop_s"], result["community_noop_s"]),
+        ("define %d domains, no-op (median)" % args.domains, result["mlinfra_noop_s"], result["community_noop_s"]),
     ]
     print("\n| %-34s | %13s | %19s |" % ("run", "mlinfra.kvm s", "community.libvirt s"))
     print("|%s|%s|%s|" % ("-" * 36, "-" * 15, "-" * 21))
