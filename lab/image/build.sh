@@ -123,6 +123,8 @@ step "packages: $PACKAGES"
 # From here on the old outputs are stale: the stamp goes first so no half state looks done.
 rm -f "$STAMP"
 
+# Under the lock, any .tmp-NAME.* is a leftover of a killed build (SIGKILL skips the trap).
+rm -rf "$BUILD_DIR/.tmp-$NAME."*
 TMP="$(mktemp -d "$BUILD_DIR/.tmp-$NAME.XXXXXX")"
 ROOTFS="$TMP/rootfs"
 cleanup() {

@@ -1,6 +1,8 @@
 """A guest boots from the debootstrap image with a seed from mlinfra.kvm.cloud_init and answers SSH."""
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 pytestmark = pytest.mark.vm
@@ -18,12 +20,13 @@ def test_guest_boots_and_answers_pinned_ssh(boot_guest) -> None:
     assert guest.ip in lines[3]
     # Passwordless sudo from user-data works, and cloud-init finished without errors.
     assert guest.ssh("sudo -n true").returncode == 0
-    status = guest.ssh("cloud-init status --long", check=False)
+    # SSH can answer before cloud-final is done: wait for cloud-init to finish.
+    status = guest.ssh("cloud-init status --wait --long", check=False, timeout=600)
     assert "status: done" in status.stdout, status.stdout + status.stderr
     # The guest serves exactly the host key the harness pinned (it never learned one over the wire).
-    fingerprint = guest.ssh("ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1]
+    fingerprint = guest.ssh("sudo -n ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1]
     pinned = guest.known_hosts.read_text().split()
-    import subprocess
+
     local = subprocess.run(["ssh-keygen", "-lf", "-"], input=" ".join(pinned[1:3]) + "\n",
                            capture_output=True, text=True, check=True).stdout.split()[1]
     assert fingerprint == local
