@@ -1,0 +1,74 @@
+"""The lab and example inventories, and the inventory preflight's refusals (no VM is made:
+only the preflight play runs, on localhost)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.unit
+BIN = Path(ROOT) / ".venv" / "bin"
+
+
+def ansible(tool: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1", **env_extra)
+    return subprocess.run([str(BIN / tool), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def preflight(*extra: str) -> subprocess.CompletedProcess:
+    return ansible("ansible-playbook", "-i", "inventories/lab", "playbooks/preflight.yml", *extra)
+
+
+def test_lab_preflight_accepts_the_lab_inventory():
+    proc = preflight()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["-e", "mlinfra_worker_count=0"], "mlinfra_worker_count is 0"),
+    (["-e", "mlinfra_worker_count=two"], "mlinfra_worker_count is two"),
+    (["-e", json.dumps({"mlinfra_extra_vms": [{"name": "mlinfra-worker-1", "role": "data"}]})], "give every VM its own name"),
+    (["-e", json.dumps({"mlinfra_extra_vms": [{"name": "x1", "role": "trainer"}]})], "role 'trainer', which is unknown"),
+    (["-e", "pipeline_dataset_file=/nonexistent/data.parquet"], "pipeline_dataset_file /nonexistent/data.parquet does not exist"),
+    (["-e", json.dumps({"mlinfra_extra_vms": [{"name": "t2", "role": "tracking"}]})], "exactly one is needed"),
+    (["-e", json.dumps({"mlinfra_extra_vms": [{"name": "w9", "role": "worker", "hypervisor": "nohost"}]})],
+     "names hypervisor nohost, which is not in the group"),
+])
+def test_lab_preflight_refuses_bad_inventory(extra, needle):
+    proc = preflight(*extra)
+    assert proc.returncode != 0
+    assert needle in " ".join((proc.stdout + proc.stderr).split()), proc.stdout[-3000:]
+
+
+def test_preflight_splits_vms_over_hypervisors_in_the_example():
+    proc = ansible("ansible-playbook", "-i", "inventories/example", "playbooks/preflight.yml", "-v",
+                   ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    per_host = {}
+    for line in proc.stdout.splitlines():
+        match = re.match(r"^ok: \[localhost -> [^]]+\] => \(item=([^)]+)\) => (\{.*\})$", line)
+        if match and "guest_vms" in match.group(2):
+            per_host[match.group(1)] = [vm["name"] for vm in json.loads(match.group(2))["ansible_facts"]["guest_vms"]]
+    assert per_host == {
+        "gpu-hv-01.example.internal": ["mlflow-01", "gpu-worker-01", "gpu-worker-02"],
+        "gpu-hv-02.example.internal": ["gpu-worker-03", "gpu-worker-04"],
+    }
+
+
+def test_example_inventory_graph():
+    proc = ansible("ansible-inventory", "-i", "inventories/example", "--graph")
+    assert proc.returncode == 0, proc.stderr
+    assert "gpu-hv-01.example.internal" in proc.stdout and "gpu-hv-02.example.internal" in proc.stdout
+
+
+@pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/example"])
+@pytest.mark.parametrize("playbook", ["site.yml", "teardown.yml", "snapshot.yml", "pipeline.yml"])
+def test_playbooks_syntax(inventory, playbook):
+    proc = ansible("ansible-playbook", "-i", inventory, "--syntax-check", "playbooks/" + playbook)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
