@@ -1,0 +1,161 @@
+"""The main job end to end: playbooks/site.yml against inventories/lab on this machine.
+
+One tracking VM and one worker (software emulation, 2 cores), a small synthetic dataset.
+First run builds everything and runs the pipeline; the second run changes nothing (both
+stages skipped, with their reason); a changed training parameter re-runs train only; the
+MLflow API shows the runs and metrics; teardown leaves nothing behind but the base image.
+Wall times go to lab/build/lab-test-timings.json (and the CI log).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.lab
+BIN = Path(ROOT) / ".venv" / "bin"
+SECRETS = Path(ROOT) / ".secrets"
+TIMINGS = Path(ROOT) / "lab" / "build" / "lab-test-timings.json"
+EXTRA = ["-e", "mlinfra_worker_count=1"]
+TRAIN_PARAMS = {"epochs": 15, "lr": 0.003, "hidden": [256, 128], "dropout": 0.1, "batch_size": 0, "seed": 7,
+                "precision": "auto"}
+
+
+def playbook(name: str, *extra: str, log: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH="%s:%s" % (BIN, os.environ.get("PATH", "")))
+    with open(log, "w") as handle:
+        proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "inventories/lab", "playbooks/" + name, *extra],
+                              cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, timeout=3600)
+    proc.stdout = log.read_text()
+    return proc
+
+
+def recap(output: str) -> Dict[str, Dict[str, int]]:
+    hosts = {}
+    for line in output.split("PLAY RECAP")[-1].splitlines():
+        match = re.match(r"^(\S+)\s+:\s+(.*)$", line.strip())
+        if match:
+            hosts[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
+    return hosts
+
+
+def stage_lines(output: str) -> Dict[str, str]:
+    return {m.group(1): m.group(2) for m in re.finditer(r'"(prepare|train): (ran|skipped) ', output)}
+
+
+def tail(text: str, n: int = 120) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+class MlflowApi:
+    def __init__(self, creds: Dict[str, str]) -> None:
+        self.url = creds["url"].rstrip("/")
+        token = base64.b64encode(("%s:%s" % (creds["username"], creds["password"])).encode()).decode()
+        self.headers = {"Authorization": "Basic " + token, "Content-Type": "application/json"}
+
+    def call(self, method: str, path: str, body: Dict = None) -> Dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers=self.headers, method=method)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read() or b"{}")
+
+    def runs(self, experiment: str) -> List[Dict]:
+        exp = self.call("GET", "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + experiment)
+        found = self.call("POST", "/api/2.0/mlflow/runs/search",
+                          {"experiment_ids": [exp["experiment"]["experiment_id"]], "max_results": 100})
+        return found.get("runs", [])
+
+
+def tags(run: Dict) -> Dict[str, str]:
+    return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+
+
+def metrics(run: Dict) -> Dict[str, float]:
+    return {m["key"]: m["value"] for m in run["data"].get("metrics", [])}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("lab-logs")
+    timings: Dict[str, float] = {}
+    yield logs, timings
+    start = time.monotonic()
+    down = playbook("teardown.yml", *EXTRA, log=logs / "teardown.log")
+    timings["teardown_s"] = round(time.monotonic() - start, 1)
+    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+    TIMINGS.write_text(json.dumps(timings, indent=1))
+    print("lab timings:", json.dumps(timings))
+    assert down.returncode == 0, tail(down.stdout)
+
+
+def test_site_end_to_end(lab):
+    logs, timings = lab
+    start = time.monotonic()
+    first = playbook("site.yml", *EXTRA, log=logs / "site-1.log")
+    timings["first_run_s"] = round(time.monotonic() - start, 1)
+    assert first.returncode == 0, tail(first.stdout)
+    assert stage_lines(first.stdout) == {"prepare": "ran", "train": "ran"}, tail(first.stdout, 40)
+
+    creds = json.loads((SECRETS / "mlflow-mlinfra-tracking.json").read_text())
+    assert oct((SECRETS / "mlflow-mlinfra-tracking.json").stat().st_mode & 0o777) == "0o600"
+    api = MlflowApi(creds)
+    runs = api.runs("mlinfra-pipeline")
+    train = [r for r in runs if tags(r).get("mlinfra.stage") == "train"]
+    assert len(train) == 1 and train[0]["info"]["status"] == "FINISHED", runs
+    got = metrics(train[0])
+    assert got["test_rmse"] > 0 and "train_loss" in got and "final_train_loss" in got, got
+    history = api.call("GET", "/api/2.0/mlflow/metrics/get-history?run_id=%s&metric_key=train_loss"
+                       % train[0]["info"]["run_id"])
+    assert len(history["metrics"]) == TRAIN_PARAMS["epochs"], "one train_loss point per epoch"
+    artifacts = api.call("GET", "/api/2.0/mlflow/artifacts/list?run_id=%s&path=model" % train[0]["info"]["run_id"])
+    assert [f["path"] for f in artifacts.get("files", [])] == ["model/model.pt"], artifacts
+    unauth = urllib.request.Request(creds["url"].rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(unauth, timeout=30)
+    assert err.value.code == 401
+
+    start = time.monotonic()
+    second = playbook("site.yml", *EXTRA, log=logs / "site-2.log")
+    timings["second_run_s"] = round(time.monotonic() - start, 1)
+    assert second.returncode == 0, tail(second.stdout)
+    changed = {host: counts["changed"] for host, counts in recap(second.stdout).items() if counts["changed"]}
+    assert changed == {}, "second run must change nothing: %s\n%s" % (changed, tail(second.stdout, 200))
+    assert stage_lines(second.stdout) == {"prepare": "skipped", "train": "skipped"}
+    assert len([r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"]) == 1, \
+        "a skipped stage makes no MLflow run"
+
+    start = time.monotonic()
+    third = playbook("site.yml", *EXTRA, "-e", json.dumps({"pipeline_train_params": dict(TRAIN_PARAMS, lr=0.002)}),
+                     log=logs / "site-3.log")
+    timings["param_change_run_s"] = round(time.monotonic() - start, 1)
+    assert third.returncode == 0, tail(third.stdout)
+    assert stage_lines(third.stdout) == {"prepare": "skipped", "train": "ran"}, tail(third.stdout, 40)
+    assert "param lr 0.003 -> 0.002" in third.stdout
+    assert len([r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"]) == 2
+
+
+def test_teardown_leaves_only_the_base_image(lab):
+    logs, timings = lab
+    down = playbook("teardown.yml", *EXTRA, log=logs / "teardown-check.log")
+    assert down.returncode == 0, tail(down.stdout)
+    import libvirt
+    conn = libvirt.open("qemu:///system")
+    try:
+        assert [d.name() for d in conn.listAllDomains() if d.name().startswith("mlinfra-")] == []
+        assert "mlinfra-lab" not in [n.name() for n in conn.listAllNetworks()]
+        assert "mlinfra-lab" not in [p.name() for p in conn.listAllStoragePools()]
+    finally:
+        conn.close()
+    assert (Path(ROOT) / "lab" / "build" / "base.qcow2").is_file()
+    assert not Path("/var/lib/mlinfra/lab-guests/mlinfra-worker-1-seed.iso").exists()
