@@ -439,12 +439,18 @@ class VfioRunner:
 
         after_drivers = {a: devices[a]["driver"] for a in addresses}
         if not self.module.check_mode:
-            after_drivers = self.apply_runtime(to_change, present, after_drivers)
-            for path, changed in files_changed.items():
-                if changed:
-                    self.service.write(path, desired[path])
-            if rebuild:
-                self.service.run_command(self.initramfs_command())
+            try:
+                after_drivers = self.apply_runtime(to_change, present, after_drivers)
+                for path, changed in files_changed.items():
+                    if changed:
+                        self.service.write(path, desired[path])
+                if rebuild:
+                    self.service.run_command(self.initramfs_command())
+            except KvmError as err:
+                # Something was already done (a device rebound, a file written): say so.
+                err.details.setdefault("changed", bool(to_change or any(files_changed.values())))
+                err.details.setdefault("drivers", {a: self.scanner.driver(a) for a in addresses})
+                raise
         else:
             for address in to_change:
                 after_drivers[address] = VFIO if present else "host driver"

@@ -261,6 +261,16 @@ def test_initramfs_failure_is_reported(tree: SysfsTree) -> None:
     with FakeKernel(tree):
         result = run_module_process("vfio_pci", args_for(tree, [EDU], initramfs_command=[str(failing)]))
     assert result["failed"] and "rc=3" in result["msg"], result
+    assert result["changed"] is True, "the device was bound and the files written before the command failed"
+
+
+def test_kernel_that_does_not_bind_is_reported(tree: SysfsTree) -> None:
+    """No FakeKernel: the writes land in plain files and nothing rebinds, as when a probe fails."""
+    result = run_module_process("vfio_pci", args_for(tree, [EDU], bind_timeout=1, persistent=False))
+    assert result["failed"] and "did not bind to vfio-pci within 1s" in result["msg"], result
+    assert result["changed"] is True and result["drivers"] == {EDU: None}
+    assert tree.override_of(EDU) == "vfio-pci"
+    assert (tree.sys / "bus/pci/drivers_probe").read_text() == EDU
 
 
 def test_h200_guest_capture_refused_iommu_off(tmp_path: Path) -> None:
