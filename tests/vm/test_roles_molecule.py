@@ -6,7 +6,7 @@ molecule/ is absent); MOLECULE_GLOB pins the layout used here. Each scenario's o
 is destroy, create, converge, idempotence (second converge must report changed=0), verify,
 destroy; Molecule destroys on failure too.
 
-- mlflow_server, ml_runtime: a TCG guest from the lab image (molecule/_shared/libvirt_guest.py,
+- mlflow_server, mlflow_server_postgresql, ml_runtime: a TCG guest from the lab image (molecule/_shared/libvirt_guest.py,
   built on tests/vm/harness.py) on its own NAT network; one guest at a time.
 - nvidia_driver, cuda: a podman container from the same image (the DKMS build and the CUDA
   toolkit are package-level checks; under TCG the DKMS build is far too slow). Skipped with a
@@ -27,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
-VM_SCENARIOS = ["mlflow_server", "ml_runtime"]
+VM_SCENARIOS = ["mlflow_server", "mlflow_server_postgresql", "ml_runtime"]
 CONTAINER_SCENARIOS = ["nvidia_driver", "cuda"]
 
 
