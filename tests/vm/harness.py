@@ -323,9 +323,9 @@ def user_data_for(public_key: str, host_private: str, host_public: str, extra: O
         "users": [{"name": GUEST_USER, "shell": "/bin/bash", "sudo": "ALL=(ALL) NOPASSWD:ALL",
                    "lock_passwd": True, "ssh_authorized_keys": [public_key]}],
         "ssh_pwauth": False,
-        # The host key the harness already pinned in its known_hosts.
+        # The host key the harness already pinned in its known_hosts. With ssh_keys set,
+        # cloud-init generates no other keys (ssh_genkeytypes: [] is invalid in its schema).
         "ssh_deletekeys": True,
-        "ssh_genkeytypes": [],
         "ssh_keys": {"ed25519_private": host_private, "ed25519_public": host_public},
     }
     data.update(extra or {})
