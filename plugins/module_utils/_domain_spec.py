@@ -292,6 +292,9 @@ def read_console(root: Any) -> Dict[str, Any]:
     serial = root.find("devices/serial")
     if serial is None:
         return {"enabled": False, "log": None}
+    if serial.get("type") == "file":
+        source = serial.find("source")
+        return {"enabled": True, "log": source.get("path") if source is not None else None}
     log = serial.find("log")
     return {"enabled": True, "log": log.get("file") if log is not None else None}
 
@@ -558,9 +561,15 @@ def write_console(root: Any, value: Dict[str, Any]) -> None:
     _remove(devices.findall("console"))
     if not value.get("enabled"):
         return
-    serial = sub(devices, "serial", {"type": "pty"})
     if value.get("log"):
-        sub(serial, "log", {"file": value["log"], "append": "on"})
+        # A file-backed port, not a pty with a <log>: seen here, a guest kernel writing to a
+        # pty that nobody reads stalls at its first console line. libvirt adds the matching
+        # <console> itself.
+        serial = sub(devices, "serial", {"type": "file"})
+        sub(serial, "source", {"path": value["log"], "append": "on"})
+        sub(serial, "target", {"port": 0})
+        return
+    serial = sub(devices, "serial", {"type": "pty"})
     sub(serial, "target", {"port": 0})
     console = sub(devices, "console", {"type": "pty"})
     sub(console, "target", {"type": "serial", "port": 0})

@@ -237,7 +237,9 @@ options:
     description: A serial console (pty) on the first serial port; V(true) on creation.
     type: bool
   console_log:
-    description: Also write the serial console to this file on the libvirt host (appended).
+    description:
+      - Write the serial console to this file on the libvirt host (appended), with a file-backed
+        serial port instead of a pty (a guest kernel logging to a pty nobody reads can stall).
     type: path
   rng:
     description: A virtio RNG fed from the host's C(/dev/urandom); V(true) on creation.
@@ -469,6 +471,15 @@ class DomainRunner:
 
     # ------------------------------------------------------------------ entry point
     def run(self) -> Dict[str, Any]:
+        try:
+            return self._run()
+        except KvmError as err:
+            # A failure after side effects (a start, then no IP in time) must say changed.
+            err.details.setdefault("changed", bool(self.service.performed))
+            err.details.setdefault("actions", self.tracker.actions)
+            raise
+
+    def _run(self) -> Dict[str, Any]:
         name = object_name("name", self.params["name"])
         dom = self.service.lookup(name)
         state = self.service.state(dom) if dom is not None else "absent"

@@ -382,3 +382,12 @@ def test_refuses_hostdev_of_another_running_domain(run_module, tmp_path, sysfs):
     holder = {k: v for k, v in args.items() if k not in ("vcpus", "memory", "virt_type")}
     result = run_module("domain", dict(holder, name="holder"))
     assert not result["failed"], result
+
+
+def test_wait_for_ip_timeout_reports_what_was_done(env, run_module):
+    # SeaBIOS never asks for a lease: the wait times out, after the domain was defined and
+    # started - so the failure must say changed=true and list those actions.
+    result = run_module("domain", base(env, state="running", wait_for_ip=True, wait_for_ip_timeout=2))
+    assert result["failed"] and "no IPv4 address" in result["msg"] and "wait_for_ip_timeout" in result["msg"]
+    assert result["changed"] is True and result["actions"] == ["define", "start"]
+    assert state_of(env) == libvirt.VIR_DOMAIN_RUNNING
