@@ -1,0 +1,531 @@
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""ml_stage's decision and run: fingerprint the inputs, compare with the lock, say why,
+run the command (linked to an MLflow run), and record the success atomically.
+
+Check mode takes the same decision from the same reads and stops before the first write;
+MLflow is only read then (reachability, the reuse search).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ._errors import InvalidInputError, KvmError
+from ._stage_hash import (Hasher, IgnoreMatcher, StatCache, choose_algorithm, hash_bytes,
+                          is_glob, public)
+from ._stage_lock import LOCK_FORMAT, FileLock, StageFiles, canonical_json, write_bytes_atomic
+from ._stage_spec import StageSpec, flatten
+
+
+class StageFailed(KvmError):
+    """The command ran and failed (or did not produce its outputs); the lock is untouched."""
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _dict_reasons(what: str, old: Dict[str, Any], new: Dict[str, Any],
+                  show: Callable[[Any], str] = _short) -> List[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old:
+            out.append("%s %s added (%s)" % (what, key, show(new[key])))
+        elif key not in new:
+            out.append("%s %s removed (was %s)" % (what, key, show(old[key])))
+        elif old[key] != new[key]:
+            out.append("%s %s %s -> %s" % (what, key, show(old[key]), show(new[key])))
+    return out
+
+
+def _tree_change(old: Dict[str, str], new: Dict[str, str]) -> str:
+    modified = sorted(k for k in new if k in old and old[k] != new[k])
+    added = sorted(k for k in new if k not in old)
+    removed = sorted(k for k in old if k not in new)
+    parts = []
+    for count, label in ((modified, "modified"), (added, "added"), (removed, "removed")):
+        if count:
+            parts.append("%d %s" % (len(count), label))
+    examples = (modified + added + removed)[:3]
+    more = len(modified) + len(added) + len(removed) - len(examples)
+    text = ", ".join(parts) or "changed"
+    if examples:
+        text += " (%s%s)" % (", ".join(examples), ", ..." if more > 0 else "")
+    return text
+
+
+def _shown(path: str, kind: str) -> str:
+    """Directories are shown with a trailing slash, as people write them."""
+    return path + "/" if kind == "dir" and not path.endswith("/") else path
+
+
+def _tail(path: str, lines: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", "replace").splitlines()
+    return "\n".join(text[-lines:]) if lines else ""
+
+
+class StageRunner:
+    def __init__(self, spec: StageSpec, check_mode: bool, diff_mode: bool,
+                 warn: Callable[[str], None]) -> None:
+        self.spec = spec
+        self.check = check_mode
+        self.diff = diff_mode
+        self.warn = warn
+        self.files = StageFiles(spec.state_dir, spec.name)
+
+    # -- entry point ------------------------------------------------------------------
+    def run(self) -> Dict[str, Any]:
+        if self.check:
+            return self._stage()
+        with FileLock(self.files.flock, self.spec.name, self.spec.lock_timeout):
+            return self._stage()
+
+    # -- fingerprint --------------------------------------------------------------------
+    def _base_env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.spec.env)
+        env.update(self.spec.secret_env)
+        return env
+
+    def _code(self, hasher: Hasher) -> Dict[str, Any]:
+        spec = self.spec
+        code: Dict[str, Any] = {}
+        if spec.code_git or spec.code_python:
+            from ._stage_code import git_fingerprint, python_fingerprint, resolve_interpreter
+        if spec.code_paths:
+            code["paths"] = {p: self._entry(hasher, "code.paths", p, IgnoreMatcher(spec.ignore))
+                             for p in spec.code_paths}
+        if spec.code_git:
+            exclude = [spec.state_dir] + [spec.abspath(o) for o in spec.outs]
+            exclude += [spec.abspath(d.path) for d in spec.deps if not is_glob(d.path)]
+            if spec.params_file:
+                exclude.append(spec.abspath(spec.params_file))
+            algo = hasher.algo
+
+            def hash_files(paths: List[str]) -> str:
+                items = []
+                for path in paths:
+                    try:
+                        items.append((path, os.stat(path)))
+                    except OSError:
+                        continue
+                digests = hasher.cache.file_hashes(items)
+                lines = ["%s\0%s\n" % (os.path.relpath(p, spec.code_git), d)
+                         for (p, _st), d in zip(items, digests)]
+                return hash_bytes(algo, "".join(lines).encode("utf-8", "surrogateescape"))
+
+            code["git"] = git_fingerprint(spec.code_git, exclude,
+                                          lambda data: hash_bytes(algo, data), hash_files)
+        if spec.code_python:
+            env = self._base_env()
+            interp = resolve_interpreter(spec.code_python, spec.cmd, env.get("PATH"), spec.chdir,
+                                         sys.executable)
+            code["python"] = python_fingerprint(interp, env, spec.chdir)
+        return code
+
+    def _entry(self, hasher: Hasher, option: str, path: str, ignore: IgnoreMatcher) -> Dict[str, Any]:
+        try:
+            entry = hasher.path(path, self.spec.chdir, ignore)
+        except OSError as exc:
+            raise InvalidInputError(option, path, "cannot be read (%s)" % exc,
+                                    "fix its permissions for the user the task runs as")
+        if entry["kind"] == "missing":
+            raise InvalidInputError(option, path, "does not exist any more",
+                                    "fix the path or produce it first")
+        return public(entry)
+
+    def _fingerprint(self, hasher: Hasher) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+        """(inputs, git info kept out of the key, outs as they are now)."""
+        spec = self.spec
+        deps = {d.path: self._entry(hasher, "deps", d.path, IgnoreMatcher(d.ignore)) for d in spec.deps}
+        code = self._code(hasher)
+        git_info = {}
+        if "git" in code:
+            git_info = {"commit": code["git"].pop("commit")}
+        inputs = {
+            "algorithm": hasher.algo,
+            "cmd": spec.cmd,
+            "env": spec.env,
+            "params": spec.params,
+            "params_file": spec.params_file,
+            "salt": spec.salt,
+            "deps": deps,
+            "outs": sorted(spec.outs),
+            "code": code,
+        }
+        outs = {o: public(hasher.path(o, spec.chdir)) for o in spec.outs}
+        return inputs, git_info, outs
+
+    # -- reasons ------------------------------------------------------------------------
+    def _reasons(self, lock: Optional[Dict[str, Any]], problem: Optional[str],
+                 inputs: Dict[str, Any], git_info: Dict[str, Any], outs: Dict[str, Any],
+                 hasher: Hasher) -> List[str]:
+        spec = self.spec
+        reasons: List[str] = ["force: true"] if spec.force else []
+        if lock is None:
+            return reasons + [problem or "no lock: the stage has not run successfully here yet"]
+        old = lock["inputs"]
+        same_algo = old.get("algorithm") == inputs["algorithm"]
+        if not same_algo:
+            reasons.append("hash algorithm %s -> %s (content hashes are not comparable)"
+                           % (old.get("algorithm"), inputs["algorithm"]))
+        if old.get("cmd") != inputs["cmd"]:
+            reasons.append("cmd %s -> %s" % (shlex.join(old.get("cmd") or []), shlex.join(inputs["cmd"])))
+        reasons += _dict_reasons("param", dict(flatten(old.get("params") or {})),
+                                 dict(flatten(inputs["params"])))
+        if old.get("params_file") != inputs["params_file"]:
+            reasons.append("params_file %s -> %s" % (old.get("params_file"), inputs["params_file"]))
+        reasons += _dict_reasons("env", old.get("env") or {}, inputs["env"])
+        if old.get("salt") != inputs["salt"]:
+            reasons.append("salt %r -> %r" % (old.get("salt"), inputs["salt"]))
+        manifest: Optional[Dict[str, Any]] = None
+
+        def old_manifest(section: str, path: str) -> Optional[Dict[str, str]]:
+            nonlocal manifest
+            if manifest is None:
+                manifest = self.files.read_manifest(lock)
+            return (manifest.get(section) or {}).get(path)
+
+        def compare(section: str, label: str, old_entries: Dict[str, Any],
+                    new_entries: Dict[str, Any], ignores: Dict[str, IgnoreMatcher]) -> None:
+            for path in sorted(set(old_entries) - set(new_entries)):
+                reasons.append("%s %s removed from %s" % (label, path, section))
+            for path in sorted(set(new_entries) - set(old_entries)):
+                reasons.append("%s %s added to %s" % (label, path, section))
+            if not same_algo:
+                return
+            for path in sorted(set(old_entries) & set(new_entries)):
+                before, now = old_entries[path], new_entries[path]
+                if before.get("hash") == now.get("hash"):
+                    continue
+                if now["kind"] == "missing":
+                    reasons.append("%s %s missing" % (label, path))
+                elif before.get("kind") != now["kind"]:
+                    reasons.append("%s %s is now a %s (was a %s)" % (label, path, now["kind"], before.get("kind")))
+                elif now["kind"] == "file":
+                    reasons.append("%s %s modified" % (label, path))
+                else:
+                    prev = old_manifest(section, path)
+                    shown = _shown(path, now["kind"])
+                    if prev is None:
+                        reasons.append("%s %s changed (%d files)" % (label, shown, now["files"]))
+                    else:
+                        cur = hasher.manifest(path, spec.chdir, ignores.get(path, IgnoreMatcher(())))
+                        reasons.append("%s %s: %s" % (label, shown, _tree_change(prev, cur)))
+
+        compare("deps", "dep", old.get("deps") or {}, inputs["deps"],
+                {d.path: IgnoreMatcher(d.ignore) for d in spec.deps})
+        old_outs, new_outs = set(old.get("outs") or []), set(inputs["outs"])
+        for path in sorted(old_outs - new_outs):
+            reasons.append("out %s removed from outs" % path)
+        for path in sorted(new_outs - old_outs):
+            reasons.append("out %s added to outs" % path)
+        old_code, new_code = old.get("code") or {}, inputs["code"]
+        compare("code", "code", old_code.get("paths") or {}, new_code.get("paths") or {},
+                {p: IgnoreMatcher(spec.ignore) for p in spec.code_paths})
+        og, ng = old_code.get("git"), new_code.get("git")
+        if bool(og) != bool(ng):
+            reasons.append("code.git %s" % ("added" if ng else "removed"))
+        elif og and ng:
+            if og.get("tree") != ng.get("tree"):
+                reasons.append("git tree of %s changed (commit %s -> %s)" % (
+                    spec.code_git, ((lock.get("run") or {}).get("git_commit") or "?")[:10],
+                    git_info.get("commit", "?")[:10]))
+            if og.get("diff") != ng.get("diff"):
+                reasons.append("git: uncommitted changes to tracked files differ")
+            if og.get("untracked") != ng.get("untracked"):
+                reasons.append("git: untracked files differ (%d now)" % ng.get("untracked_files", 0))
+        op, np_ = old_code.get("python"), new_code.get("python")
+        if bool(op) != bool(np_):
+            reasons.append("code.python %s" % ("added" if np_ else "removed"))
+        elif op and np_:
+            if op.get("python") != np_.get("python") or op.get("implementation") != np_.get("implementation"):
+                reasons.append("python %s %s -> %s %s" % (op.get("implementation"), op.get("python"),
+                                                         np_.get("implementation"), np_.get("python")))
+            reasons += _dict_reasons("python package", op.get("dists") or {}, np_.get("dists") or {},
+                                     show=str)
+        # Outputs as they are now against the outputs the lock recorded.
+        if same_algo:
+            recorded = lock.get("outs") or {}
+            for path in sorted(set(recorded) & set(outs)):
+                before, now = recorded[path], outs[path]
+                if now["kind"] == "missing":
+                    reasons.append("out %s missing" % path)
+                elif before.get("hash") != now.get("hash"):
+                    if now["kind"] == "dir" and before.get("kind") == "dir":
+                        prev = old_manifest("outs", path)
+                        if prev is not None:
+                            cur = hasher.manifest(path, spec.chdir)
+                            reasons.append("out %s changed since the last run: %s"
+                                           % (_shown(path, "dir"), _tree_change(prev, cur)))
+                            continue
+                    reasons.append("out %s changed since the last run" % path)
+        if not reasons and lock.get("key") != _key(inputs):
+            reasons.append("cache key changed (lock written by another version of ml_stage)")
+        return reasons
+
+    # -- the stage ------------------------------------------------------------------------
+    def _stage(self) -> Dict[str, Any]:
+        spec = self.spec
+        started = time.monotonic()
+        lock, problem = self.files.read_lock()
+        previous_algo = (lock or {}).get("inputs", {}).get("algorithm")
+        try:
+            algo = choose_algorithm(spec.hash_algorithm, previous_algo)
+        except ValueError as exc:
+            raise InvalidInputError("hash_algorithm", spec.hash_algorithm, str(exc),
+                                    "install the package on the target host, or use auto")
+        cache = StatCache(self.files.statcache, algo)
+        hasher = Hasher(cache)
+        inputs, git_info, outs_now = self._fingerprint(hasher)
+        key = _key(inputs)
+        reasons = self._reasons(lock, problem, inputs, git_info, outs_now, hasher)
+        previous_key = (lock or {}).get("key")
+        result: Dict[str, Any] = {
+            "changed": False, "ran": False, "would_run": bool(reasons), "reasons": reasons,
+            "key": key, "previous_key": previous_key, "algorithm": algo,
+            "lock_file": self.files.lock, "frozen": spec.frozen,
+            "deps": inputs["deps"], "outs": outs_now, "params_file": spec.params_file,
+            "mlflow": {"enabled": bool(spec.mlflow), "run_id": None}, "mlflow_run_id": None,
+            "hashing": dict(cache.stats, seconds=round(time.monotonic() - started, 3)),
+        }
+        if self.diff and reasons:
+            result["diff"] = {"before": _summary(lock) if lock else {},
+                              "after": _summary({"key": key, "inputs": inputs, "outs": None})}
+        if not reasons or spec.frozen:
+            if spec.frozen and reasons:
+                self.warn("stage %s is frozen: not running although %s" % (spec.name, "; ".join(reasons)))
+            if not self.check:
+                cache.save()
+            return result
+        result["changed"] = True
+        tracker = None
+        if spec.mlflow:
+            from ._stage_track import StageTracker  # only for a stage that is about to run
+            tracker = StageTracker(spec, self.files, self.check, self.warn)
+            tracker.connect()
+        reuse = tracker.find_reuse(key) if tracker else None
+        if self.check:
+            if reuse:
+                result["reuse_from"] = reuse["info"]["run_id"]
+            return result
+        manifest = self._input_manifests(inputs, hasher)  # as the inputs are now, before the run
+        if reuse and tracker.fetch(reuse, key, hasher.algo):
+            lock_doc, manifest = self._lock_doc(key, inputs, git_info, hasher, manifest, None, {},
+                                                reused_from=reuse["info"]["run_id"])
+            self.files.write(lock_doc, manifest)
+            cache.save()
+            result.update(outs=lock_doc["outs"], reused_from=reuse["info"]["run_id"])
+            result["reasons"] = reasons + ["reused the outputs of MLflow run %s (same key)"
+                                           % reuse["info"]["run_id"]]
+            return result
+        return self._execute(result, tracker, key, previous_key, inputs, git_info,
+                             hasher, manifest, reasons)
+
+    # -- running ------------------------------------------------------------------------
+    def _execute(self, result: Dict[str, Any], tracker: Any, key: str,
+                 previous_key: Optional[str], inputs: Dict[str, Any], git_info: Dict[str, Any],
+                 hasher: Hasher, manifest: Dict[str, Any], reasons: List[str]) -> Dict[str, Any]:
+        spec = self.spec
+        env = self._base_env()
+        env.update(ML_STAGE_NAME=spec.name, ML_STAGE_KEY=key)
+        if spec.params_file:
+            env["ML_STAGE_PARAMS"] = spec.abspath(spec.params_file)
+        if tracker:
+            env.update(tracker.start(key, previous_key, reasons, hasher.algo, git_info.get("commit")))
+            result["mlflow"] = tracker.summary()
+            result["mlflow_run_id"] = tracker.run_id
+
+        if spec.params_file:
+            write_bytes_atomic(spec.abspath(spec.params_file),
+                               (json.dumps(spec.params, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        if spec.clean_outs:
+            for out in spec.outs:
+                full = spec.abspath(out)
+                if os.path.isdir(full) and not os.path.islink(full):
+                    shutil.rmtree(full)
+                elif os.path.lexists(full):
+                    os.unlink(full)
+        os.makedirs(spec.state_dir, exist_ok=True)
+        cmd_started = time.time()
+        t0 = time.monotonic()
+        try:
+            rc, timed_out = self._spawn(env)
+        except StageFailed as exc:
+            if tracker:
+                tracker.finish("FAILED", None, exc.msg)
+            raise
+        duration = round(time.monotonic() - t0, 3)
+        result.update(ran=True, rc=rc, duration=duration,
+                      stdout_tail=_tail(self.files.stdout, spec.tail_lines),
+                      stderr_tail=_tail(self.files.stderr, spec.tail_lines),
+                      stdout_log=self.files.stdout, stderr_log=self.files.stderr)
+        failure = None
+        if timed_out:
+            failure = "cmd timed out after %s s (option timeout) and was killed" % spec.timeout
+        elif rc != 0:
+            failure = "cmd exited with rc %s" % rc
+        else:
+            missing = [o for o in spec.outs if not os.path.exists(spec.abspath(o))]
+            if missing:
+                failure = ("cmd exited 0 but did not produce the declared out(s) %s; the run counts "
+                           "as failed (fix the command or the outs option)" % ", ".join(missing))
+        metrics: Dict[str, float] = {}
+        if failure is None and spec.metrics_file:
+            try:
+                metrics = _read_metrics(spec.abspath(spec.metrics_file))
+            except (OSError, ValueError) as exc:
+                failure = "metrics_file %s is not a JSON (or YAML) document: %s" % (spec.metrics_file, exc)
+        if failure is not None:
+            if tracker:
+                tracker.finish("FAILED", None, failure)
+            details = {k: result.get(k) for k in ("rc", "duration", "stdout_tail", "stderr_tail",
+                                                  "stdout_log", "stderr_log", "reasons", "key",
+                                                  "previous_key", "mlflow", "mlflow_run_id")}
+            raise StageFailed("stage %s failed: %s; the previous lock is kept" % (spec.name, failure),
+                              changed=True, ran=True, lock_file=self.files.lock, **details)
+
+        mlflow = None
+        if tracker and tracker.run_id:
+            mlflow = {k: result["mlflow"][k] for k in ("run_id", "experiment_id", "tracking_uri")}
+        lock_doc, manifest = self._lock_doc(key, inputs, git_info, hasher, manifest, mlflow,
+                                            metrics, cmd_started=cmd_started, duration=duration)
+        self.files.write(lock_doc, manifest)
+        hasher.cache.save()
+        result.update(outs=lock_doc["outs"], metrics=metrics)
+        if tracker:
+            tracker.finish("FINISHED", lock_doc, None, metrics)
+        return result
+
+    def _spawn(self, env: Dict[str, str]) -> Tuple[int, bool]:
+        spec = self.spec
+        with open(self.files.stdout, "wb") as out, open(self.files.stderr, "wb") as err:
+            try:
+                proc = subprocess.Popen(spec.cmd, cwd=spec.chdir, env=env, stdin=subprocess.DEVNULL,
+                                        stdout=out, stderr=err, start_new_session=True)
+            except OSError as exc:
+                raise StageFailed("option cmd: %s could not be started (%s); install it or fix "
+                                  "the path" % (spec.cmd[0], exc), changed=False)
+            try:
+                return proc.wait(timeout=spec.timeout or None), False
+            except subprocess.TimeoutExpired:
+                for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+                    try:
+                        os.killpg(proc.pid, sig)
+                    except OSError:
+                        pass
+                    try:
+                        return proc.wait(timeout=wait), True
+                    except subprocess.TimeoutExpired:
+                        continue
+                return -9, True
+            except BaseException:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                raise
+
+    def _input_manifests(self, inputs: Dict[str, Any], hasher: Hasher) -> Dict[str, Dict[str, Any]]:
+        """Per-file hashes of the tree deps and code paths (for the reasons of the next run)."""
+        spec = self.spec
+        manifest: Dict[str, Dict[str, Any]] = {"deps": {}, "outs": {}, "code": {}}
+        for dep in spec.deps:
+            if inputs["deps"][dep.path]["kind"] in ("dir", "glob"):
+                manifest["deps"][dep.path] = hasher.manifest(dep.path, spec.chdir, IgnoreMatcher(dep.ignore))
+        for path in spec.code_paths:
+            if inputs["code"]["paths"][path]["kind"] in ("dir", "glob"):
+                manifest["code"][path] = hasher.manifest(path, spec.chdir, IgnoreMatcher(spec.ignore))
+        return manifest
+
+    def _lock_doc(self, key: str, inputs: Dict[str, Any], git_info: Dict[str, Any], hasher: Hasher,
+                  manifest: Dict[str, Dict[str, Any]], mlflow: Optional[Dict[str, Any]],
+                  metrics: Dict[str, float], reused_from: Optional[str] = None,
+                  cmd_started: Optional[float] = None,
+                  duration: Optional[float] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """The lock of a successful run, and its manifest with the outs hashed as they are now."""
+        spec = self.spec
+        manifest = dict(manifest, outs={})
+        outs = {}
+        for out in spec.outs:
+            entry = hasher.path(out, spec.chdir, want_manifest=True)
+            outs[out] = public(entry)
+            if "manifest" in entry:
+                manifest["outs"][out] = entry["manifest"]
+        run = {"host": socket.gethostname(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "duration": duration, "mlflow": mlflow, "reused_from": reused_from}
+        if cmd_started is not None:
+            run["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(cmd_started))
+        if git_info.get("commit"):
+            run["git_commit"] = git_info["commit"]
+        doc = {"format": LOCK_FORMAT, "stage": spec.name, "key": key, "inputs": inputs,
+               "outs": outs, "metrics": metrics, "run": run}
+        return doc, manifest
+
+
+def _key(inputs: Dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(inputs).encode("utf-8")).hexdigest()
+
+
+def _summary(lock: Dict[str, Any]) -> Dict[str, Any]:
+    """The lock as diff mode shows it: what the key is made of, outputs by hash."""
+    inputs = lock.get("inputs") or {}
+    code = inputs.get("code") or {}
+    outs = lock.get("outs")
+    return {
+        "key": lock.get("key"),
+        "cmd": shlex.join(inputs.get("cmd") or []),
+        "params": inputs.get("params"),
+        "env": inputs.get("env"),
+        "salt": inputs.get("salt"),
+        "algorithm": inputs.get("algorithm"),
+        "deps": {k: "%s (%s files)" % (v.get("hash"), v.get("files")) for k, v in (inputs.get("deps") or {}).items()},
+        "code": {
+            "paths": {k: v.get("hash") for k, v in (code.get("paths") or {}).items()},
+            "git": code.get("git"),
+            "python": ({"python": code["python"].get("python"), "dists": len(code["python"].get("dists") or {})}
+                       if code.get("python") else None),
+        },
+        "outs": ({k: v.get("hash") for k, v in outs.items()} if outs is not None
+                 else {k: "(after the run)" for k in inputs.get("outs") or []}),
+    }
+
+
+def _read_metrics(path: str) -> Dict[str, float]:
+    from ._stage_mlflow import numeric_metrics
+    with open(path, "rb") as f:
+        raw = f.read().decode("utf-8")
+    try:
+        data = json.loads(raw)
+    except ValueError as json_error:
+        try:
+            import yaml  # type: ignore
+        except ImportError:
+            raise json_error
+        try:
+            data = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ValueError(str(exc))
+    if not isinstance(data, dict):
+        raise ValueError("the document is not a mapping of metric names to numbers")
+    return numeric_metrics(data)

@@ -1,0 +1,429 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: ml_stage
+short_description: Run an ML pipeline stage only when something that affects it changed
+description:
+  - Runs a command (a prepare, train or evaluate step) on the target host when, and only
+    when, its inputs changed since its last successful run, says why in words, and records
+    every real run in MLflow.
+  - The cache key is a hash over the normalised O(cmd), the B(set) of dep and out paths
+    (removing a dep re-runs), the content of every dep, O(params), the O(code) fingerprint,
+    O(env) and O(salt). The stage runs when there is no lock, the key differs, an output
+    is missing or was changed since the last run, or O(force) is set; otherwise it is
+    skipped with C(changed=false).
+  - Content is hashed with a per-file stat cache (size, mtime_ns, ctime_ns, inode, device),
+    so an unchanged tree is not read again; an edit whose mtime was put back still changes
+    the ctime and is seen. Files are hashed with xxh3_128 (python C(xxhash)) or blake3 when
+    importable, sha256 otherwise; see O(hash_algorithm).
+  - The lock (C(STATE_DIR/NAME.lock.json)) is written atomically (temp file, fsync, rename)
+    and only after a successful run whose declared outputs all exist; a failed run keeps
+    the previous lock and its outputs never count as done. A concurrent run of the same
+    stage waits for, or fails on, an C(fcntl) lock (O(lock_timeout)); it re-evaluates once
+    it holds the lock, so it skips when the first run already did the work.
+  - With O(mlflow), a real run creates an MLflow run tagged C(mlinfra.stage.key), exports
+    C(MLFLOW_TRACKING_URI) and C(MLFLOW_RUN_ID) so that C(mlflow.start_run()) inside the
+    command attaches to it, logs O(params) in batches, the numbers of O(metrics_file) in
+    one call, uploads the lock and the command's logs as artifacts and ends the run
+    C(FINISHED) or C(FAILED). A skipped stage makes no MLflow call at all. Only the REST
+    API is used (no C(mlflow) package on the target).
+version_added: 0.1.0
+author: mlinfra.kvm contributors
+options:
+  name:
+    description: Stage name; names its files in O(state_dir) and tags its MLflow runs.
+    type: str
+    required: true
+  chdir:
+    description: Working directory of the command; relative paths are relative to it.
+    type: path
+    required: true
+  cmd:
+    description:
+      - The command as an argv list (no shell). Use C([sh, -c, "..."]) for a shell line.
+      - A string or an empty list is refused.
+    type: raw
+    required: true
+  env:
+    description: Environment variables for the command. Part of the cache key.
+    type: dict
+    default: {}
+  secret_env:
+    description:
+      - Environment variables for the command that are B(not) part of the cache key and
+        never returned or stored (tokens, passwords).
+    type: dict
+    default: {}
+  deps:
+    description:
+      - Files, directories or globs (C(**) recurses) the stage reads, relative to O(chdir)
+        or absolute. Each item is a path or a mapping C({path, ignore}).
+      - A dep that does not exist (a glob that matches nothing) is an error.
+    type: list
+    elements: raw
+    default: []
+  ignore:
+    description:
+      - Patterns left out of every directory dep, as in gitignore. C(*.tmp) matches a name at
+        any depth, C(cache/) only directories, C(raw/*.csv) a path relative to the dep.
+    type: list
+    elements: str
+    default: []
+  params:
+    description:
+      - Parameters of the command, part of the key, written as JSON to O(params_file)
+        (which is also valid YAML) before the command starts; its path is exported as
+        C(ML_STAGE_PARAMS). Logged as MLflow params (nested keys dotted).
+      - Must be JSON-serialisable (no NaN or Infinity).
+    type: raw
+    default: {}
+  params_file:
+    description: Where to write O(params), relative to O(chdir). Default C(STATE_DIR/NAME.params.json).
+    type: path
+  outs:
+    description:
+      - Files or directories the command writes. Must lie inside O(chdir) unless
+        O(allow_outs_outside_chdir). A command that exits 0 without producing all of them
+        counts as failed.
+    type: list
+    elements: str
+    default: []
+  allow_outs_outside_chdir:
+    description: Allow O(outs) outside O(chdir).
+    type: bool
+    default: false
+  clean_outs:
+    description:
+      - Delete the declared O(outs) before running, so a stale output cannot pass for a new
+        one.
+    type: bool
+    default: false
+  metrics_file:
+    description:
+      - A JSON (or YAML) mapping the command writes; its numbers (nested keys dotted) are
+        returned as C(metrics) and logged to MLflow in one batch. Implicitly an out.
+    type: path
+  code:
+    description: Fingerprint of the code the command runs; part of the key.
+    type: dict
+    suboptions:
+      paths:
+        description: Source files, directories or globs hashed like O(deps).
+        type: list
+        elements: str
+      git:
+        description:
+          - A git checkout (C(true) for O(chdir), or a path). Its tree at HEAD, the hash of
+            uncommitted changes and of untracked (not ignored) files are part of the key.
+            The stage's own files (state dir, deps, outs, params file) are left out.
+        type: raw
+      python:
+        description:
+          - Fingerprint of a Python environment, the interpreter version and every installed
+            distribution with its version. C(true) uses C(cmd[0]) when it is a python,
+            else the module's interpreter; or give an interpreter path.
+        type: raw
+  force:
+    description: Run even when nothing changed.
+    type: bool
+    default: false
+  frozen:
+    description: Never run; report (and warn) what would have made it run.
+    type: bool
+    default: false
+  salt:
+    description: Any string; changing it re-runs the stage (part of the key).
+    type: str
+    default: ''
+  timeout:
+    description: Seconds the command may run before it is killed (0 for no limit). A timeout is a failure.
+    type: float
+    default: 0
+  lock_timeout:
+    description:
+      - Seconds to wait for another run of the same stage to finish; 0 fails at once,
+        naming the process holding the lock.
+    type: float
+    default: 0
+  state_dir:
+    description: Where the lock, stat cache and logs live, relative to O(chdir).
+    type: path
+    default: .ml_stage
+  hash_algorithm:
+    description:
+      - C(auto) keeps the lock's algorithm while importable, else the fastest importable
+        of xxh3_128, blake3, sha256 (measured by C(bench/stage)). xxh3_128 is sound for
+        change detection but not against crafted collisions; choose blake3 (or sha256)
+        when that matters, e.g. when O(mlflow.reuse) trusts other machines.
+      - A change of algorithm re-runs the stage (hashes are not comparable).
+    type: str
+    choices: [auto, xxh3_128, blake3, sha256, md5]
+    default: auto
+  tail_lines:
+    description: Lines of stdout and stderr returned in C(stdout_tail) and C(stderr_tail).
+    type: int
+    default: 40
+  mlflow:
+    description: Record real runs in an MLflow tracking server (REST API, no mlflow package needed).
+    type: dict
+    suboptions:
+      tracking_uri:
+        description: URL of the tracking server, e.g. C(http://mlflow.lab:5000).
+        type: str
+        required: true
+      experiment:
+        description: Experiment name; created when missing.
+        type: str
+        default: Default
+      run_name:
+        description: Run name; the stage name when unset.
+        type: str
+      tags:
+        description: Extra tags for the run.
+        type: dict
+        default: {}
+      credentials:
+        description:
+          - Basic-auth C(username)/C(password) or a bearer C(token). Exported to the command as
+            C(MLFLOW_TRACKING_USERNAME)/C(MLFLOW_TRACKING_PASSWORD) or C(MLFLOW_TRACKING_TOKEN).
+          - C(password) and C(token) are no_log; C(username) is not (Ansible would mask it in
+            every message, e.g. a user C(ml) inside the word C(mlflow)).
+        type: dict
+        suboptions:
+          username:
+            type: str
+            description: User name (basic auth).
+          password:
+            type: str
+            no_log: true
+            description: Password (basic auth).
+          token:
+            type: str
+            no_log: true
+            description: Bearer token.
+      optional:
+        description:
+          - When the server is unreachable, run without tracking (with a warning) instead of
+            failing before the command runs.
+        type: bool
+        default: false
+      reuse:
+        description:
+          - Before running, search the experiment for a C(FINISHED) run with the same key whose
+            outputs were uploaded; download them, verify every hash against that run's lock,
+            and use them instead of running. Implies O(mlflow.upload_outs).
+        type: bool
+        default: false
+      upload_outs:
+        description: Upload the outs as artifacts under C(outs/) (default O(mlflow.reuse)).
+        type: bool
+      timeout:
+        description: Seconds for each REST call.
+        type: float
+        default: 30
+      validate_certs:
+        description: Verify the server's TLS certificate.
+        type: bool
+        default: true
+notes:
+  - Check mode reads only (files, and MLflow for reachability and the reuse search) and
+    reports whether the stage would run and why; diff mode shows the old and new lock summaries.
+  - The command gets C(ML_STAGE_NAME), C(ML_STAGE_KEY) and C(ML_STAGE_PARAMS) in its environment.
+  - Its stdout and stderr go to C(STATE_DIR/NAME.stdout.log) and C(.stderr.log).
+seealso:
+  - name: ml_stage guide
+    description: docs/ml_stage.md in the collection (design, lock format, benchmark).
+    link: https://example.invalid/mlinfra/kvm/docs/ml_stage.md
+'''
+
+EXAMPLES = r'''
+- name: Prepare the data set (re-runs when raw data, code or params change)
+  mlinfra.kvm.ml_stage:
+    name: prepare
+    chdir: /srv/ml/project
+    cmd: [/srv/ml/venv/bin/python, prepare.py]
+    deps:
+      - data/raw/
+      - {path: data/extra/, ignore: ["*.tmp", "cache/"]}
+    params: {val_split: 0.1, seed: 42}
+    outs: [data/prepared/]
+    code: {paths: [prepare.py], python: true}
+
+- name: Train, tracked in MLflow (the script's mlflow.start_run() joins the same run)
+  mlinfra.kvm.ml_stage:
+    name: train
+    chdir: /srv/ml/project
+    cmd: [/srv/ml/venv/bin/python, train.py]
+    deps: [data/prepared/]
+    params: {lr: 0.02, epochs: 10, model: {depth: 12}}
+    outs: [models/model.pt]
+    metrics_file: metrics.json
+    code: {git: true, python: true}
+    env: {CUDA_VISIBLE_DEVICES: "0"}
+    secret_env: {HF_TOKEN: "{{ vault_hf_token }}"}
+    mlflow:
+      tracking_uri: http://mlflow.lab:5000
+      experiment: resnet
+      credentials: {username: ml, password: "{{ vault_mlflow_password }}"}
+  register: train
+
+- ansible.builtin.debug:
+    msg: "{{ train.reasons if train.changed else 'train is up to date' }}"
+'''
+
+RETURN = r'''
+changed:
+  description: True when the command ran (or outputs were reused); in check mode, when it would.
+  returned: always
+  type: bool
+ran:
+  description: Whether the command was executed in this task.
+  returned: always
+  type: bool
+would_run:
+  description: Whether something made the stage due (also true for a frozen stage that was not run).
+  returned: always
+  type: bool
+reasons:
+  description: Why the stage runs, in words; empty when it is up to date.
+  returned: always
+  type: list
+  elements: str
+  sample: ["param lr 0.01 -> 0.02", "dep data/: 3 modified, 1 added (data/a.csv, data/b.csv, data/c.csv, ...)", "out model.pt missing"]
+key:
+  description: The cache key of the current inputs.
+  returned: always
+  type: str
+previous_key:
+  description: The key of the last successful run (null without a lock).
+  returned: always
+  type: str
+algorithm:
+  description: The content hash algorithm used.
+  returned: always
+  type: str
+rc:
+  description: Exit status of the command.
+  returned: when the command ran
+  type: int
+duration:
+  description: Seconds the command ran.
+  returned: when the command ran
+  type: float
+stdout_tail:
+  description: The last O(tail_lines) lines of stdout.
+  returned: when the command ran
+  type: str
+stderr_tail:
+  description: The last O(tail_lines) lines of stderr.
+  returned: when the command ran
+  type: str
+deps:
+  description: Each dep's kind, hash, number of files and size.
+  returned: always
+  type: dict
+outs:
+  description: Each out's kind, hash, number of files and size (kind C(missing) when absent).
+  returned: always
+  type: dict
+metrics:
+  description: Numbers read from O(metrics_file) after a successful run.
+  returned: when the command ran
+  type: dict
+mlflow:
+  description: C(enabled), and C(run_id), C(experiment_id), C(run_url) of the run made.
+  returned: always
+  type: dict
+mlflow_run_id:
+  description: The MLflow run made by this task (null when none), same as C(mlflow.run_id).
+  returned: always
+  type: str
+reused_from:
+  description: MLflow run whose outputs were fetched instead of running.
+  returned: when outputs were reused
+  type: str
+reuse_from:
+  description: In check mode, the MLflow run whose outputs a real run would try to fetch.
+  returned: check mode with O(mlflow.reuse), when such a run exists
+  type: str
+hashing:
+  description: Files looked at, hashed and served from the stat cache, bytes hashed, seconds.
+  returned: always
+  type: dict
+lock_file:
+  description: Path of the lock.
+  returned: always
+  type: str
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_runner import StageRunner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_spec import StageSpec
+
+ARGUMENT_SPEC = dict(
+    name=dict(type="str", required=True),
+    chdir=dict(type="path", required=True),
+    cmd=dict(type="raw", required=True),
+    env=dict(type="dict", default={}),
+    secret_env=dict(type="dict", default={}, no_log=True),
+    deps=dict(type="list", elements="raw", default=[]),
+    ignore=dict(type="list", elements="str", default=[]),
+    params=dict(type="raw", default={}),
+    params_file=dict(type="path"),
+    outs=dict(type="list", elements="str", default=[]),
+    allow_outs_outside_chdir=dict(type="bool", default=False),
+    clean_outs=dict(type="bool", default=False),
+    metrics_file=dict(type="path"),
+    code=dict(type="dict", options=dict(
+        paths=dict(type="list", elements="str"),
+        git=dict(type="raw"),
+        python=dict(type="raw"),
+    )),
+    force=dict(type="bool", default=False),
+    frozen=dict(type="bool", default=False),
+    salt=dict(type="str", default=""),
+    timeout=dict(type="float", default=0),
+    lock_timeout=dict(type="float", default=0),
+    state_dir=dict(type="path", default=".ml_stage"),
+    hash_algorithm=dict(type="str", default="auto",
+                        choices=["auto", "xxh3_128", "blake3", "sha256", "md5"]),
+    tail_lines=dict(type="int", default=40),
+    mlflow=dict(type="dict", options=dict(
+        tracking_uri=dict(type="str", required=True),
+        experiment=dict(type="str", default="Default"),
+        run_name=dict(type="str"),
+        tags=dict(type="dict", default={}),
+        # The password and token are no_log; the user name is not, on purpose: Ansible masks
+        # a no_log value wherever it appears, and a short user name would garble every message.
+        credentials=dict(type="dict", no_log=False, options=dict(
+            username=dict(type="str", no_log=False),
+            password=dict(type="str", no_log=True),
+            token=dict(type="str", no_log=True),
+        )),
+        optional=dict(type="bool", default=False),
+        reuse=dict(type="bool", default=False),
+        upload_outs=dict(type="bool"),
+        timeout=dict(type="float", default=30),
+        validate_certs=dict(type="bool", default=True),
+    )),
+)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+
+    def runner():
+        spec = StageSpec(module.params)
+        return StageRunner(spec, module.check_mode, module._diff, module.warn).run()
+
+    run(module, runner)
+
+
+if __name__ == "__main__":
+    main()
