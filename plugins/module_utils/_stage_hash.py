@@ -7,8 +7,9 @@ Runs on the target host with whatever Python it has: ``xxhash`` and ``blake3`` a
 when importable, ``hashlib`` (sha256, SHA-NI through OpenSSL) always works.
 
 Algorithm choice (``auto``), measured by ``bench/stage`` on the lab host (1 GiB file in
-the page cache, 1 MiB ``readinto`` buffer): xxh3_128 about 6 GB/s, blake3 3.3 GB/s
-(4.2 GB/s with mmap), sha256 1.1 GB/s, md5 (what DVC uses) 0.55 GB/s. All are sound for
+the page cache, 1 MiB ``readinto`` buffer, one thread, ranges over loads of the shared
+host): xxh3_128 3.1-6.7 GB/s, blake3 1.7-3.3 GB/s, sha256 (SHA-NI) 0.45-1.1 GB/s, md5 (what
+DVC uses) 0.2-0.55 GB/s. All are sound for
 change detection (128 bits or more, no accidental collisions in practice); xxh3_128 is
 not collision resistant against someone *crafting* files, so set
 ``hash_algorithm: blake3`` where that matters. ``auto`` keeps the algorithm the lock was
