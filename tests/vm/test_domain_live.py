@@ -141,6 +141,7 @@ def test_module_defined_guest_boots_and_takes_a_hotplugged_vcpu(module_guest, ru
     assert "Linux version" in guest.serial_log.read_text(errors="replace")  # console_log was written
 
     guest.ssh("sync", check=False)
-    stopped = run_module("domain", dict(args, state="shutdown", shutdown_timeout=180, wait_for_ip=False))
+    stopped = run_module("domain", dict(args, vcpus=2, state="shutdown", shutdown_timeout=180, wait_for_ip=False))
     assert not stopped["failed"], stopped
-    assert stopped["actions"] == ["shutdown"]
+    assert stopped["actions"] == ["shutdown"]  # a clean stop, waited for; nothing to redefine
+    assert stopped["domain"]["state"] == "shutoff" and stopped["domain"]["vcpus"] == 2
