@@ -25,6 +25,8 @@ run_module_process = _root.run_module_process
 ROOT = _root.ROOT
 SHARED = _root.SHARED
 TEST_PREFIX = _root.TEST_PREFIX
+COLLECTIONS = _root.COLLECTIONS
+module_env = _root.module_env
 
 
 # Guests take minutes to boot. tests/conftest.py's pytest_sessionfinish removes EVERY
