@@ -85,10 +85,15 @@ def four_ways(name: str, args: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     return results
 
 
+# Names carry this session's pid, so that one pytest session's cleanup never touches the
+# objects of another session running at the same time on the same libvirtd.
+SESSION_PREFIX = "%s%d-" % (TEST_PREFIX, os.getpid())
+
+
 @pytest.fixture
 def prefix() -> str:
     """A unique name prefix for the objects one test makes (cleanup matches it)."""
-    return "%s%s-" % (TEST_PREFIX, uuid.uuid4().hex[:6])
+    return "%s%s-" % (SESSION_PREFIX, uuid.uuid4().hex[:6])
 
 
 @pytest.fixture(scope="session")
@@ -145,11 +150,29 @@ def libvirt_cleanup(libvirtd: str, prefix: str):
     _cleanup_libvirt(libvirtd, prefix)
 
 
-def pytest_sessionfinish(session, exitstatus):  # noqa: D103 - leftovers of killed runs
+def _stale_prefixes(uri: str) -> list:
+    """Prefixes of test objects whose pytest session is no longer running (killed runs)."""
+    import libvirt
+    conn = libvirt.open(uri)
+    try:
+        names = ([d.name() for d in conn.listAllDomains()] + [n.name() for n in conn.listAllNetworks()]
+                 + [p.name() for p in conn.listAllStoragePools()])
+    finally:
+        conn.close()
+    stale = set()
+    for name in names:
+        pid = name[len(TEST_PREFIX):].split("-", 1)[0]
+        if name.startswith(TEST_PREFIX) and pid.isdigit() and not os.path.exists("/proc/%s" % pid):
+            stale.add("%s%s-" % (TEST_PREFIX, pid))
+    return sorted(stale)
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: D103 - this session's leftovers and dead sessions'
     if os.environ.get("MLKVM_KEEP_TEST_OBJECTS"):
         return
     try:
-        _cleanup_libvirt("qemu:///system", TEST_PREFIX)
+        for stale in [SESSION_PREFIX] + _stale_prefixes("qemu:///system"):
+            _cleanup_libvirt("qemu:///system", stale)
     except Exception:  # libvirtd may not be running for the unit tier: nothing to clean
         pass
 

@@ -171,7 +171,9 @@ rm -f "$ROOTFS/var/lib/dbus/machine-id"
 
 step "apt-get clean"
 chroot "$ROOTFS" /usr/bin/apt-get clean
-rm -rf "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS/debootstrap" 2>/dev/null || true
+# The package lists stay: a guest's first `apt` task (cache_valid_time) then needs no
+# `apt-get update`, which takes minutes under software emulation.
+rm -rf "$ROOTFS/debootstrap" 2>/dev/null || true
 
 step "copying kernel and initrd out"
 KSRC="$(readlink -f "$ROOTFS/vmlinuz" 2>/dev/null || ls "$ROOTFS"/boot/vmlinuz-* | tail -n1)"
