@@ -13,7 +13,7 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 	qemu-system-x86 qemu-utils dnsmasq-base ovmf genisoimage xorriso debootstrap parted \
 	e2fsprogs iproute2 openssh-client rsync git python3-venv python3-dev
 
-.PHONY: help setup apt venv daemons test test-unit test-integration test-vm test-lab \
+.PHONY: help setup apt venv daemons test test-unit test-integration test-vm test-lab test-molecule test-gpu-host \
 	image lab teardown bench build clean
 
 help:
@@ -22,7 +22,9 @@ help:
 	@echo "make test-unit         fast tier: no daemon (seconds)"
 	@echo "make test-integration  real libvirtd on qemu:///system, no guests (a minute)"
 	@echo "make test-vm           boots TCG guests from the debootstrap image (minutes)"
-	@echo "make test-lab          playbooks/site.yml end to end on the local lab (slowest)"
+	@echo "make test-lab          playbooks/site.yml end to end on the local lab (opt-in: over an hour here)"
+	@echo "make test-molecule     the roles' Molecule scenarios (opt-in: 17-80 min each here)"
+	@echo "make test-gpu-host     vfio-pci proof in a q35 + intel-iommu VM (opt-in: over 40 min here)"
 	@echo "make image             build (or reuse) the Debian guest base image"
 	@echo "make lab               the main job: site.yml against inventories/lab"
 	@echo "make teardown          remove the lab's VMs, volumes and networks (keeps the image)"
@@ -65,7 +67,14 @@ test-vm: setup
 	@scripts/run-tests.sh vm
 
 test-lab: setup
-	@scripts/run-tests.sh lab
+	@MLKVM_LAB_TEST=1 scripts/run-tests.sh lab
+
+test-molecule: setup
+	@MLKVM_MOLECULE=1 PYTEST_ARGS="tests/vm/test_roles_molecule.py $(PYTEST_ARGS)" scripts/run-tests.sh vm
+
+test-gpu-host: setup
+	@bash lab/image/grub.sh
+	@MLKVM_GPU_HOST_PROOF=1 PYTEST_ARGS="tests/vm/test_gpu_host.py $(PYTEST_ARGS)" scripts/run-tests.sh vm
 
 image: setup
 	@bash lab/image/build.sh

@@ -22,7 +22,15 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.lab
+# Opt-in (MLKVM_LAB_TEST=1, set by `make test-lab`): on this 2-core host under software emulation
+# the first site.yml run installs MLflow's server stack and PyTorch into emulated guests (tens of
+# minutes each), so the tier does not fit CI's 90 minutes next to the others.
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.environ.get("MLKVM_LAB_TEST") != "1",
+                       reason="site.yml end to end takes over an hour under software emulation on 2 cores; "
+                              "run it with MLKVM_LAB_TEST=1 (make test-lab)"),
+]
 BIN = Path(ROOT) / ".venv" / "bin"
 SECRETS = Path(ROOT) / ".secrets"
 TIMINGS = Path(ROOT) / "lab" / "build" / "lab-test-timings.json"

@@ -27,6 +27,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
+# Opt-in (MLKVM_MOLECULE=1, or `make test-molecule`): one scenario's first converge installs a
+# controller-built wheelhouse in an emulated guest (about 35 min for MLflow's server stack on
+# this 2-core host) or builds the NVIDIA DKMS module (about 17 min), which does not fit CI's
+# 90 minutes next to the other tiers.
+MOLECULE_OPT_IN = os.environ.get("MLKVM_MOLECULE") == "1"
+opt_in = pytest.mark.skipif(
+    not MOLECULE_OPT_IN,
+    reason="Molecule scenarios take 17-80 min each under software emulation on 2 cores; "
+           "run them with MLKVM_MOLECULE=1 (make test-molecule)")
+
 VM_SCENARIOS = ["mlflow_server", "mlflow_server_postgresql", "ml_runtime"]
 CONTAINER_SCENARIOS = ["nvidia_driver", "cuda"]
 
@@ -54,12 +64,14 @@ def check(proc: subprocess.CompletedProcess) -> None:
 
 
 @pytest.mark.vm
+@opt_in
 @pytest.mark.parametrize("scenario", VM_SCENARIOS)
 def test_vm_scenario(libvirtd, guest_image, scenario):
     check(molecule(scenario, timeout=3600))
 
 
 @pytest.mark.vm
+@opt_in
 @pytest.mark.parametrize("scenario", CONTAINER_SCENARIOS)
 def test_container_scenario(guest_image, scenario):
     for tool in ("podman", "runc"):
