@@ -297,8 +297,17 @@ def check_alive(guest: Guest) -> None:
 # ---------------------------------------------------------------------------------------------
 def _used_subnets(conn: Any) -> List[ipaddress.IPv4Network]:
     used = []
+    import libvirt  # only the vm tier needs it
     for net in conn.listAllNetworks():
-        root = etree.fromstring(net.XMLDesc(0).encode())
+        try:
+            xml = net.XMLDesc(0)
+        except libvirt.libvirtError as exc:
+            # Another client removed the network between the listing and this read: it no
+            # longer occupies a subnet. Anything else is a real error.
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_NETWORK:
+                continue
+            raise
+        root = etree.fromstring(xml.encode())
         for ip in root.findall("ip"):
             if ip.get("address") and ip.get("family", "ipv4") == "ipv4":
                 mask = ip.get("netmask") or ip.get("prefix") or "24"
