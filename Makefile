@@ -79,7 +79,8 @@ test-gpu-host: setup
 image: setup
 	@bash lab/image/build.sh
 
-lab: setup image
+lab: setup
+	@$(VENV)/bin/ansible-playbook playbooks/lab_image.yml -i inventories/lab
 	@$(VENV)/bin/ansible-playbook playbooks/site.yml -i inventories/lab
 
 teardown: setup

@@ -4,11 +4,14 @@
 #   bash lab/image/build.sh                      # -> lab/build/base.qcow2, vmlinuz, initrd.img
 #   bash lab/image/build.sh --extra-packages "qemu-system-x86 libvirt-daemon-system" [--name gpuhost]
 #                                                # -> lab/build/<name>.qcow2, <name>.vmlinuz, ...
+#   bash lab/image/build.sh --name ml --disk-size 8G \
+#        --venv-bundle /opt/mlinfra/venv=B.tar   # a venv bundle (roles/venv_bundle) baked in:
+#                                                # python3 -m venv in the chroot, then tar -x
 #   bash lab/image/build.sh --force              # rebuild even if the stamp matches
 #   bash lab/image/build.sh --print-paths        # print the output paths (KEY=path), build nothing
 #
 # Cached: each image has a stamp file holding the hash of its recipe (this script, packages.txt,
-# files/*, the extra packages). A run whose recipe hash equals the stamp does nothing. A rebuild
+# files/*, the extra packages, the venv bundles' names and sizes). A run whose recipe hash equals the stamp does nothing. A rebuild
 # happens in a temporary directory under lab/build/; the stamp is removed first and written
 # last, after the outputs are renamed into place, so an interrupted build never looks done.
 # A lock file serialises concurrent callers (several test sessions may ask at once).
@@ -24,18 +27,23 @@ SUITE=bookworm
 DISK_SIZE="${MLKVM_IMAGE_DISK_SIZE:-3G}"
 
 EXTRA_PACKAGES=""
+VENV_BUNDLES=()
 NAME=""
 FORCE=0
 PRINT_PATHS=0
 
 usage() {
-  sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 while [ $# -gt 0 ]; do
   case "$1" in
     --extra-packages) EXTRA_PACKAGES="${2:?--extra-packages needs a value}"; shift 2 ;;
     --extra-packages=*) EXTRA_PACKAGES="${1#*=}"; shift ;;
+    --venv-bundle) VENV_BUNDLES+=("${2:?--venv-bundle needs VENV=TAR}"); shift 2 ;;
+    --venv-bundle=*) VENV_BUNDLES+=("${1#*=}"); shift ;;
+    --disk-size) DISK_SIZE="${2:?--disk-size needs a value such as 8G}"; shift 2 ;;
+    --disk-size=*) DISK_SIZE="${1#*=}"; shift ;;
     --name) NAME="${2:?--name needs a value}"; shift 2 ;;
     --name=*) NAME="${1#*=}"; shift ;;
     --force) FORCE=1; shift ;;
@@ -68,7 +76,15 @@ if [ -z "$NAME" ]; then
   fi
 fi
 [[ "$NAME" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*$ ]] || die "--name: '$NAME' must be letters, digits, '.', '_' or '-'"
-[ -n "$EXTRAS" ] || [ "$NAME" = base ] || die "--name without --extra-packages would duplicate the base image"
+[ -n "$EXTRAS" ] || [ "${#VENV_BUNDLES[@]}" -gt 0 ] || [ "$NAME" = base ] \
+  || die "--name without --extra-packages or --venv-bundle would duplicate the base image"
+[ "$NAME" != base ] || [ "${#VENV_BUNDLES[@]}" = 0 ] || die "--venv-bundle needs --name (the base image has no venvs)"
+[[ "$DISK_SIZE" =~ ^[0-9]+[MG]$ ]] || die "--disk-size: '$DISK_SIZE' is not a size such as 3G or 8192M"
+for spec in "${VENV_BUNDLES[@]}"; do
+  venv="${spec%%=*}"; tarball="${spec#*=}"
+  [[ "$spec" == *=* && "$venv" == /* ]] || die "--venv-bundle: '$spec' is not /absolute/venv=bundle.tar"
+  [ -s "$tarball" ] || die "--venv-bundle: '$tarball' does not exist (build it with playbooks/lab_image.yml)"
+done
 
 # The base image keeps the historical names (vmlinuz, initrd.img); variants are prefixed.
 IMAGE="$BUILD_DIR/$NAME.qcow2"
@@ -91,6 +107,10 @@ recipe_hash() {
     printf 'suite=%s mirror=%s size=%s\n' "$SUITE" "$MIRROR" "$DISK_SIZE"
     printf 'packages=%s\n' "$PACKAGES"
     sha256sum "$HERE/build.sh" "$HERE/packages.txt"
+    # A bundle's file name carries the hash of its requirements; the size catches a rebuild.
+    for spec in "${VENV_BUNDLES[@]}"; do
+      printf 'venv=%s bundle=%s size=%s\n' "${spec%%=*}" "$(basename "${spec#*=}")" "$(stat -c %s "${spec#*=}")"
+    done
     (cd "$HERE" && find files -type f -print0 | sort -z | xargs -0 sha256sum)
   } | sha256sum | cut -d' ' -f1
 }
@@ -168,6 +188,13 @@ install -m 0644 "$HERE/files/ssh-hostkeys.conf" "$ROOTFS/etc/systemd/system/ssh.
 # A fresh machine-id per guest (systemd makes one at first boot when the file is empty).
 : >"$ROOTFS/etc/machine-id"
 rm -f "$ROOTFS/var/lib/dbus/machine-id"
+
+for spec in "${VENV_BUNDLES[@]}"; do
+  venv="${spec%%=*}"; tarball="${spec#*=}"
+  step "venv $venv from $(basename "$tarball") ($(du -h "$tarball" | cut -f1))"
+  chroot "$ROOTFS" /usr/bin/python3 -m venv "$venv"
+  tar -C "$ROOTFS$venv" --no-same-owner -xf "$tarball"
+done
 
 step "apt-get clean"
 chroot "$ROOTFS" /usr/bin/apt-get clean
