@@ -309,10 +309,17 @@ class StageRunner:
             "mlflow": {"enabled": bool(spec.mlflow), "run_id": None}, "mlflow_run_id": None,
             "hashing": dict(cache.stats, seconds=round(time.monotonic() - started, 3)),
         }
+        result["summary"] = _summary_line(reasons, spec.frozen, key, inputs, outs_now)
         if self.diff and reasons:
             result["diff"] = {"before": _summary(lock) if lock else {},
                               "after": _summary({"key": key, "inputs": inputs, "outs": None})}
         if not reasons or spec.frozen:
+            # What the last successful run recorded, so a summary of a skipped stage still
+            # shows its figures and the MLflow run that made its outputs.
+            last_run = (lock or {}).get("run") or {}
+            result["metrics"] = (lock or {}).get("metrics") or {}
+            result["last_run"] = last_run
+            result["last_mlflow_run_id"] = (last_run.get("mlflow") or {}).get("run_id")
             if spec.frozen and reasons:
                 self.warn("stage %s is frozen: not running although %s" % (spec.name, "; ".join(reasons)))
             if not self.check:
@@ -529,3 +536,13 @@ def _read_metrics(path: str) -> Dict[str, float]:
     if not isinstance(data, dict):
         raise ValueError("the document is not a mapping of metric names to numbers")
     return numeric_metrics(data)
+
+
+def _summary_line(reasons: List[str], frozen: bool, key: str, inputs: Dict[str, Any], outs: Any) -> str:
+    """One sentence for logs and play summaries: why the stage runs, or why it does not."""
+    if reasons and frozen:
+        return "frozen: not run although " + "; ".join(reasons)
+    if reasons:
+        return "; ".join(reasons)
+    return ("up to date: key %s matches the lock (command, %d deps, params, code and %d outs unchanged)"
+            % (key[:12], len(inputs.get("deps") or ()), len(outs or ())))

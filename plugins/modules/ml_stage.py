@@ -288,6 +288,21 @@ would_run:
   description: Whether something made the stage due (also true for a frozen stage that was not run).
   returned: always
   type: bool
+last_run:
+  description: When the stage did not run, the run record of its lock (host, finished, duration,
+    mlflow); empty without a lock.
+  returned: when the stage did not run
+  type: dict
+last_mlflow_run_id:
+  description: When the stage did not run, the MLflow run id of the run that made its outputs.
+  returned: when the stage did not run
+  type: str
+summary:
+  description: One sentence for logs and summaries; the reasons joined when the stage runs,
+    otherwise why it does not (up to date with its key, or frozen).
+  returned: always
+  type: str
+  sample: "up to date: key 3f9a0c1e22b4 matches the lock (command, 2 deps, params, code and 1 outs unchanged)"
 reasons:
   description: Why the stage runs, in words; empty when it is up to date.
   returned: always

@@ -107,6 +107,10 @@ def assert_reruns(a: Dict[str, Any], proj: Path, *expected: str) -> Dict[str, An
         assert any(text in r for r in res["reasons"]), (text, res["reasons"])
     again = ok(a)
     assert again["changed"] is False and again["reasons"] == [], again
+    assert again["summary"].startswith("up to date: key %s matches the lock" % again["key"][:12]), again
+    assert res["summary"] == "; ".join(res["reasons"])
+    # A skipped stage reports what its last run recorded.
+    assert again["metrics"] == res.get("metrics", {}) and again["last_run"]["host"], again
     return res
 
 
