@@ -58,7 +58,7 @@ def recap(output: str) -> Dict[str, Dict[str, int]]:
 
 
 def stage_lines(output: str) -> Dict[str, str]:
-    return {m.group(1): m.group(2) for m in re.finditer(r'"(prepare|train): (ran|skipped) ', output)}
+    return {m.group(1): m.group(2) for m in re.finditer(r'["\'](prepare|train): (ran|skipped) ', output)}
 
 
 def tail(text: str, n: int = 120) -> str:
