@@ -27,10 +27,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
-# Opt-in (MLKVM_MOLECULE=1, or `make test-molecule`): one scenario's first converge installs a
-# controller-built wheelhouse in an emulated guest (about 35 min for MLflow's server stack on
-# this 2-core host) or builds the NVIDIA DKMS module (about 17 min), which does not fit CI's
-# 90 minutes next to the other tiers.
+# Opt-in (MLKVM_MOLECULE=1, or `make test-molecule`): a scenario's first converge pushes a
+# venv bundle into an emulated guest (mlflow_server: 13 min), installs a wheelhouse with pip
+# there (ml_runtime) or builds the NVIDIA DKMS module (about 17 min); together they do not fit
+# CI's 90 minutes next to the other tiers on this 2-core host.
 MOLECULE_OPT_IN = os.environ.get("MLKVM_MOLECULE") == "1"
 opt_in = pytest.mark.skipif(
     not MOLECULE_OPT_IN,
