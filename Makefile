@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc \
 	qemu-system-x86 qemu-utils dnsmasq-base ovmf genisoimage xorriso debootstrap parted \
-	e2fsprogs iproute2 openssh-client rsync git python3-venv python3-dev
+	e2fsprogs iproute2 openssh-client rsync git python3-venv python3-dev podman runc
 
 .PHONY: help setup apt venv daemons test test-unit test-integration test-vm test-lab test-molecule test-gpu-host \
 	image lab teardown bench build clean
@@ -22,9 +22,9 @@ help:
 	@echo "make test-unit         fast tier: no daemon (seconds)"
 	@echo "make test-integration  real libvirtd on qemu:///system, no guests (a minute)"
 	@echo "make test-vm           boots TCG guests from the debootstrap image (minutes)"
-	@echo "make test-lab          playbooks/site.yml end to end on the local lab (opt-in: over an hour here)"
-	@echo "make test-molecule     the roles' Molecule scenarios (opt-in: 17-80 min each here)"
-	@echo "make test-gpu-host     vfio-pci proof in a q35 + intel-iommu VM (opt-in: over 40 min here)"
+	@echo "make test-lab          playbooks/site.yml end to end on the local lab (about 25 min here)"
+	@echo "make test-molecule     every Molecule scenario (make test runs cuda only; 5-80 min each here)"
+	@echo "make test-gpu-host     only the vfio-pci proof in a q35 + intel-iommu VM (in make test too; about 25 min)"
 	@echo "make image             build (or reuse) the Debian guest base image"
 	@echo "make lab               the main job: site.yml against inventories/lab"
 	@echo "make teardown          remove the lab's VMs, volumes and networks (keeps the image)"
