@@ -22,8 +22,29 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 BUILD_DIR="${MLKVM_IMAGE_BUILD_DIR:-$ROOT/lab/build}"
-MIRROR="${MLKVM_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SUITE=bookworm
+# The Debian mirror: MLKVM_DEBIAN_MIRROR, else the one this machine's apt already uses for the
+# suite (no registry host is written into the repository).
+apt_mirror() {
+  local suite=$1 file
+  for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$file" ] || continue
+    awk -v s="$suite" '$1 == "deb" { i = 2; if ($2 ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
+                                     if ($(i + 1) == s) { print $i; exit } }' "$file"
+  done
+  for file in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$file" ] || continue
+    # deb822: the URIs of the first stanza whose Suites name the suite.
+    awk -v s="$suite" 'BEGIN { RS = ""; FS = "\n" }
+      { uris = ""; hit = 0
+        for (n = 1; n <= NF; n++) {
+          if ($n ~ /^URIs:/) { sub(/^URIs:[ \t]*/, "", $n); split($n, u, /[ \t]+/); uris = u[1] }
+          if ($n ~ /^Suites:/) { m = split($n, w, /[ \t]+/); for (k = 2; k <= m; k++) if (w[k] == s) hit = 1 }
+        }
+        if (hit && uris != "") { print uris; exit } }' "$file"
+  done | head -n1
+}
+MIRROR="${MLKVM_DEBIAN_MIRROR:-$(apt_mirror "$SUITE")}"
 DISK_SIZE="${MLKVM_IMAGE_DISK_SIZE:-3G}"
 
 EXTRA_PACKAGES=""
@@ -138,6 +159,7 @@ for tool in debootstrap chroot mkfs.ext4 qemu-img flock; do
   command -v "$tool" >/dev/null || die "'$tool' is not installed (apt-get install debootstrap e2fsprogs qemu-utils util-linux)"
 done
 
+[ -n "$MIRROR" ] || die "no Debian mirror for $SUITE in /etc/apt/sources.list{,.d}: set MLKVM_DEBIAN_MIRROR=http://<your mirror>/debian"
 step "building '$NAME' (recipe $RECIPE)"
 step "packages: $PACKAGES"
 # From here on the old outputs are stale: the stamp goes first so no half state looks done.
