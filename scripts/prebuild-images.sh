@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Build the guest images the vm and lab tiers boot, one after the other, so that
+# scripts/run-tests.sh can run this in the background while the unit and integration tiers
+# (no guests) use the CPU: debootstrap and the venv bundles mostly wait on the network and
+# on dpkg, the fast tiers on Python.
+#
+#   scripts/prebuild-images.sh [vm] [lab]     # the images those tiers need
+#
+# Every build is cached by its recipe stamp and takes a lock, so a test that asks for the same
+# image while this runs waits for it and then finds it up to date; a build that fails here is
+# tried again (and reported) by the test that needs it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+status=0
+step() {
+  local what=$1 start rc; shift
+  start=$(date +%s)
+  echo "--- prebuild: $what ($(date -u +%H:%M:%S))"
+  "$@"
+  rc=$?
+  echo "--- prebuild: $what rc=$rc in $(( $(date +%s) - start )) s"
+  [ "$rc" = 0 ] || status=$rc
+}
+for tier in "$@"; do
+  case "$tier" in
+    vm)
+      step "base image" bash lab/image/build.sh
+      [ "${MLKVM_GPU_HOST_PROOF:-}" = 0 ] || step "GPU host image (GRUB)" bash lab/image/grub.sh
+      ;;
+    lab)
+      [ "${MLKVM_LAB_TEST:-}" = 0 ] || step "lab image with the ML venvs" \
+        .venv/bin/ansible-playbook playbooks/lab_image.yml -i inventories/lab -e mlinfra_worker_count=1
+      ;;
+  esac
+done
+exit $status
