@@ -112,6 +112,8 @@ def test_argument_specs_refuse_bad_types(tmp_path, role, role_vars, needle):
     ("nvidia_driver", {"nvidia_driver_kernel_versions": ["latest"]}, "nvidia_driver_kernel_versions"),
     ("cuda", {"cuda_version": "12.4", "cuda_driver_branch": "535"}, "CUDA 12.4 needs driver branch 550"),
     ("cuda", {"cuda_version": "12.2", "cuda_driver_branch": "535"}, "cuda_source=distro on Debian 12 gives CUDA 11.8"),
+    ("cuda", {"cuda_source": "nvidia", "cuda_version": "12.2", "cuda_driver_branch": "535"},
+     "cuda_source=nvidia needs cuda_nvidia_repo_url"),
     ("ml_runtime", {"ml_runtime_packages": ["numpy", "torch==2.13.0"]}, "not pinned: ['numpy']"),
     ("ml_runtime", {"ml_runtime_packages": "numpy==2.4.6"}, "must be a non-empty list of name==version pins"),
     ("ml_runtime", {"ml_runtime_venv": "venv"}, "ml_runtime_venv=venv is not an absolute path"),
