@@ -5,6 +5,8 @@
 #   scripts/ensure-libvirtd.sh             # start what is missing, check the cache, say "ready"
 #   scripts/ensure-libvirtd.sh --restart   # stop libvirtd and start it again with the same set-up
 #                                          # (tests and the fault-injection tier restart it this way)
+#   scripts/ensure-libvirtd.sh --check     # change nothing; exit 1 and say why when the running
+#                                          # libvirtd re-probes QEMU at every lookup
 #
 # Where PID 1 is systemd, the units start the daemons; elsewhere (containers, CI sandboxes) the
 # daemons are started directly.
@@ -29,11 +31,13 @@ STATE_DIR=/run/mlinfra
 KVM_VIEW_FILE=$STATE_DIR/libvirtd-kvm-view   # the view the running libvirtd was started with
 KVM_NODE=$STATE_DIR/kvm-node                 # the private copy of /dev/kvm bound in its namespace
 RESTART=0
+CHECK=0
 
 case "${1:-}" in
   "") ;;
   --restart) RESTART=1 ;;
-  -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --check) CHECK=1 ;;
+  -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "ensure-libvirtd.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
 
@@ -124,6 +128,17 @@ view_for_reason() {
 }
 
 other_view() { [ "$1" = qemu-group ] && echo root-only || echo qemu-group; }
+
+if [ "$CHECK" = 1 ]; then
+  wait_ready
+  reason=$(cache_invalidation_reason)
+  if [ -n "$reason" ]; then
+    say "the QEMU capability cache is re-probed at every lookup: $reason"
+    exit 1
+  fi
+  echo "libvirtd: QEMU capability cache stays valid (/dev/kvm view: $(cat "$KVM_VIEW_FILE" 2>/dev/null || echo host))"
+  exit 0
+fi
 
 # --- start the daemons ---------------------------------------------------------------------
 if under_systemd; then
