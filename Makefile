@@ -13,15 +13,16 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 	qemu-system-x86 qemu-utils dnsmasq-base ovmf genisoimage xorriso debootstrap parted \
 	e2fsprogs iproute2 openssh-client rsync git python3-venv python3-dev podman runc
 
-.PHONY: help setup apt venv daemons test test-unit test-integration test-vm test-lab test-molecule test-gpu-host \
+.PHONY: help setup apt venv daemons test test-unit test-integration test-vm test-container test-lab test-molecule test-gpu-host \
 	image lab teardown bench build clean
 
 help:
 	@echo "make setup             install Debian packages, create .venv, start libvirtd/virtlogd"
-	@echo "make test              every test tier (unit, integration, vm, lab)"
+	@echo "make test              every test tier (unit, integration, vm beside container, lab)"
 	@echo "make test-unit         fast tier: no daemon (seconds)"
 	@echo "make test-integration  real libvirtd on qemu:///system, no guests (a minute)"
 	@echo "make test-vm           boots TCG guests from the debootstrap image (minutes)"
+	@echo "make test-container    the Molecule scenarios that run in podman (cuda; minutes)"
 	@echo "make test-lab          playbooks/site.yml end to end on the local lab (about 25 min here)"
 	@echo "make test-molecule     every Molecule scenario (make test runs cuda only; 5-80 min each here)"
 	@echo "make test-gpu-host     only the vfio-pci proof in a q35 + intel-iommu VM (in make test too; about 25 min)"
@@ -54,8 +55,10 @@ $(VENV)/.stamp: requirements.txt .cache/apt.stamp
 daemons:
 	@scripts/ensure-libvirtd.sh
 
+# vm+container: side by side (the container tier boots no TCG guest); guest images are built in
+# the background meanwhile (scripts/run-tests.sh).
 test: setup
-	@scripts/run-tests.sh unit integration vm lab
+	@scripts/run-tests.sh unit integration vm+container lab
 
 test-unit: venv
 	@scripts/run-tests.sh unit
@@ -66,11 +69,14 @@ test-integration: setup
 test-vm: setup
 	@scripts/run-tests.sh vm
 
+test-container: setup
+	@scripts/run-tests.sh container
+
 test-lab: setup
 	@MLKVM_LAB_TEST=1 scripts/run-tests.sh lab
 
 test-molecule: setup
-	@MLKVM_MOLECULE=1 PYTEST_ARGS="tests/vm/test_roles_molecule.py $(PYTEST_ARGS)" scripts/run-tests.sh vm
+	@MLKVM_MOLECULE=1 PYTEST_ARGS="tests/vm/test_roles_molecule.py $(PYTEST_ARGS)" scripts/run-tests.sh vm container
 
 test-gpu-host: setup
 	@bash lab/image/grub.sh

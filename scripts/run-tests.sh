@@ -3,6 +3,12 @@
 # failure in a fast tier is reported before the slow ones start. pytest's exit status 5
 # ("no tests collected") fails the run: every tier must hold tests.
 #
+#   scripts/run-tests.sh unit integration vm+container lab
+#
+# "a+b" runs tiers side by side (separate pytest sessions; test objects carry each session's
+# pid, so neither cleans up the other's): the first streams its output, the others go to
+# $MLKVM_REPORT_DIR/<tier>.log and are printed when they end.
+#
 # When guest tiers (vm, lab) follow the fast ones, their images are built in the background
 # meanwhile (scripts/prebuild-images.sh; MLKVM_PREBUILD=0 turns that off). The lab tier starts
 # only after that build is done, since it builds the same venv bundles.
@@ -40,7 +46,10 @@ wait_prebuild() {
 guest_tiers=()
 fast_first=0
 case "${1:-}" in unit|integration) fast_first=1 ;; esac
-for tier in "$@"; do case "$tier" in vm|lab) guest_tiers+=("$tier") ;; esac; done
+for group in "$@"; do
+  IFS=+ read -r -a parts <<<"$group"
+  for tier in "${parts[@]}"; do case "$tier" in vm|lab|container) guest_tiers+=("$tier") ;; esac; done
+done
 if [ "${MLKVM_PREBUILD:-1}" != 0 ] && [ "$fast_first" = 1 ] && [ "${#guest_tiers[@]}" -gt 0 ] \
    && [ -z "${PYTEST_ARGS:-}" ]; then
   echo "=== building the ${guest_tiers[*]} tiers' images in the background ($REPORT_DIR/prebuild.log)"
@@ -49,9 +58,8 @@ if [ "${MLKVM_PREBUILD:-1}" != 0 ] && [ "$fast_first" = 1 ] && [ "${#guest_tiers
   prebuild_pid=$!
 fi
 
-status=0
-for tier in "$@"; do
-  [ "$tier" != lab ] || wait_prebuild
+run_tier() {  # run_tier TIER: one pytest session; records its wall time; returns its status
+  local tier=$1 start rc elapsed
   echo "=== tier: $tier ($(date -u +%H:%M:%S))"
   start=$(date +%s)
   .venv/bin/pytest -m "$tier" --junitxml="$REPORT_DIR/junit-$tier.xml" -o junit_family=xunit2 ${PYTEST_ARGS:-}
@@ -59,6 +67,33 @@ for tier in "$@"; do
   elapsed=$(( $(date +%s) - start ))
   echo "=== tier: $tier finished rc=$rc in $elapsed s"
   record "$tier" "$elapsed" "$rc"
+  return $rc
+}
+
+run_group() {  # run_group "a+b+...": the first in the foreground, the others beside it
+  local group=$1 first rc=0 side pid
+  local -a sides=() pids=()
+  IFS=+ read -r -a parts <<<"$group"
+  first=${parts[0]}
+  for side in "${parts[@]:1}"; do
+    echo "=== tier: $side runs beside $first; its output: $REPORT_DIR/$side.log"
+    run_tier "$side" > "$REPORT_DIR/$side.log" 2>&1 &
+    pids+=($!); sides+=("$side")
+  done
+  run_tier "$first" || rc=$?
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || rc=$?
+    echo "=== output of the $(basename "${sides[$i]}") tier (beside $first):"
+    cat "$REPORT_DIR/${sides[$i]}.log"
+  done
+  return $rc
+}
+
+status=0
+for group in "$@"; do
+  case "+$group+" in *+lab+*) wait_prebuild ;; esac
+  rc=0
+  run_group "$group" || rc=$?
   if [ "$rc" -ne 0 ]; then status=$rc; [ -n "${KEEP_GOING:-}" ] || break; fi
 done
 wait_prebuild

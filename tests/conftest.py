@@ -177,7 +177,7 @@ def pytest_sessionfinish(session, exitstatus):  # noqa: D103 - this session's le
         pass
 
 
-TIERS = ("unit", "integration", "vm", "lab")
+TIERS = ("unit", "integration", "vm", "container", "lab")
 
 
 def pytest_collection_modifyitems(config, items):
