@@ -17,8 +17,9 @@
 # junit-<tier>.xml there; scripts/test-report.py prints them as one table (.ci/run does).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-REPORT_DIR="${MLKVM_REPORT_DIR:-.cache/test-report}"
+REPORT_DIR="$(realpath -m "${MLKVM_REPORT_DIR:-.cache/test-report}")"
 mkdir -p "$REPORT_DIR"
+export MLKVM_REPORT_DIR="$REPORT_DIR"   # the lab tier keeps its playbook logs there
 
 record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$REPORT_DIR/tiers.tsv"; }
 

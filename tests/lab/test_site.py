@@ -39,8 +39,11 @@ TRAIN_PARAMS = {"epochs": 6, "lr": 0.003, "hidden": [256, 128], "dropout": 0.1, 
 
 
 def playbook(name: str, *extra: str, log: Path) -> subprocess.CompletedProcess:
+    # ANSIBLE_LOG_PATH: the same output with a timestamp per line (<log>.timed.log), to see where
+    # a slow run spent its time.
     env = dict(os.environ, ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               PATH="%s:%s" % (BIN, os.environ.get("PATH", "")))
+               PATH="%s:%s" % (BIN, os.environ.get("PATH", "")),
+               ANSIBLE_LOG_PATH=str(log.with_suffix(".timed.log")))
     with open(log, "w") as handle:
         proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "inventories/lab", "playbooks/" + name, *extra],
                               cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, timeout=3600)
@@ -94,7 +97,10 @@ def metrics(run: Dict) -> Dict[str, float]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory, libvirtd):
-    logs = tmp_path_factory.mktemp("lab-logs")
+    # The logs stay where the test report is (CI keeps that directory), else in a temporary one.
+    report = os.environ.get("MLKVM_REPORT_DIR")
+    logs = Path(report) / "lab-logs" if report else tmp_path_factory.mktemp("lab-logs")
+    logs.mkdir(parents=True, exist_ok=True)
     timings: Dict[str, float] = {}
     start = time.monotonic()
     # The lab image with the venvs baked in (built once, reused while its recipe and the
