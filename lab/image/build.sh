@@ -183,13 +183,34 @@ trap 'exit 130' INT TERM
 CACHE="$BUILD_DIR/debs-cache"
 mkdir -p "$CACHE" "$ROOTFS"
 
-step "debootstrap $SUITE (minbase + $(tr ',' '\n' <<<"$PACKAGES" | wc -l) packages; about 2 min)"
-if ! debootstrap --variant=minbase --cache-dir="$CACHE" --include="$PACKAGES" \
-      "$SUITE" "$ROOTFS" "$MIRROR" >"$TMP/debootstrap.log" 2>&1; then
-  tail -n 40 "$TMP/debootstrap.log" >&2
-  [ -f "$ROOTFS/debootstrap/debootstrap.log" ] && tail -n 40 "$ROOTFS/debootstrap/debootstrap.log" >&2
-  die "debootstrap failed (log above)"
+# The debootstrapped tree is kept as a tar keyed by what debootstrap was given: images with the
+# same package set (the base image and the lab's ml image, which only adds venvs) then share one
+# debootstrap, about 2 minutes of dpkg each. Written under its own lock, renamed into place.
+ROOTFS_KEY="$(printf 'suite=%s mirror=%s packages=%s debootstrap=%s\n' "$SUITE" "$MIRROR" "$PACKAGES" \
+  "$(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null)" | sha256sum | cut -c1-16)"
+ROOTFS_TAR="$BUILD_DIR/rootfs-cache/$ROOTFS_KEY.tar"
+mkdir -p "$BUILD_DIR/rootfs-cache"
+exec 8>"$BUILD_DIR/rootfs-cache/$ROOTFS_KEY.lock"
+flock 8
+if [ -s "$ROOTFS_TAR" ]; then
+  step "debootstrapped tree from the cache ($(basename "$ROOTFS_TAR"): same suite, mirror and packages)"
+  tar -C "$ROOTFS" --numeric-owner --xattrs --xattrs-include='*' -xpf "$ROOTFS_TAR"
+else
+  step "debootstrap $SUITE (minbase + $(tr ',' '\n' <<<"$PACKAGES" | wc -l) packages; about 2 min)"
+  if ! debootstrap --variant=minbase --cache-dir="$CACHE" --include="$PACKAGES" \
+        "$SUITE" "$ROOTFS" "$MIRROR" >"$TMP/debootstrap.log" 2>&1; then
+    tail -n 40 "$TMP/debootstrap.log" >&2
+    [ -f "$ROOTFS/debootstrap/debootstrap.log" ] && tail -n 40 "$ROOTFS/debootstrap/debootstrap.log" >&2
+    die "debootstrap failed (log above)"
+  fi
+  # Trees no build asked for in a week go (each is about 1 GiB).
+  find "$BUILD_DIR/rootfs-cache" -name '*.tar' -atime +7 -delete 2>/dev/null || true
+  if ! mountpoint -q "$ROOTFS/proc"; then
+    tar -C "$ROOTFS" --numeric-owner --xattrs --xattrs-include='*' -cpf "$ROOTFS_TAR.tmp" .
+    mv -f "$ROOTFS_TAR.tmp" "$ROOTFS_TAR"
+  fi
 fi
+exec 8>&-
 
 step "configuring: fstab, eth0 DHCP, cloud-init NoCloud, locale, ssh host keys"
 install -m 0644 "$HERE/files/fstab" "$ROOTFS/etc/fstab"
