@@ -24,27 +24,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 BUILD_DIR="${MLKVM_IMAGE_BUILD_DIR:-$ROOT/lab/build}"
 SUITE=bookworm
 # The Debian mirror: MLKVM_DEBIAN_MIRROR, else the one this machine's apt already uses for the
-# suite (no registry host is written into the repository).
-apt_mirror() {
-  local suite=$1 file
-  for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [ -f "$file" ] || continue
-    awk -v s="$suite" '$1 == "deb" { i = 2; if ($2 ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
-                                     if ($(i + 1) == s) { print $i; exit } }' "$file"
-  done
-  for file in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$file" ] || continue
-    # deb822: the URIs of the first stanza whose Suites name the suite.
-    awk -v s="$suite" 'BEGIN { RS = ""; FS = "\n" }
-      { uris = ""; hit = 0
-        for (n = 1; n <= NF; n++) {
-          if ($n ~ /^URIs:/) { sub(/^URIs:[ \t]*/, "", $n); split($n, u, /[ \t]+/); uris = u[1] }
-          if ($n ~ /^Suites:/) { m = split($n, w, /[ \t]+/); for (k = 2; k <= m; k++) if (w[k] == s) hit = 1 }
-        }
-        if (hit && uris != "") { print uris; exit } }' "$file"
-  done | head -n1
-}
-MIRROR="${MLKVM_DEBIAN_MIRROR:-$(apt_mirror "$SUITE")}"
+# suite (no registry host is written into the repository), read by the collection's own parser.
+MIRROR="${MLKVM_DEBIAN_MIRROR:-$(python3 "$ROOT/plugins/module_utils/_apt_sources.py" "$SUITE")}"
 DISK_SIZE="${MLKVM_IMAGE_DISK_SIZE:-3G}"
 
 EXTRA_PACKAGES=""
