@@ -96,8 +96,8 @@ qemu_group() {
 }
 
 # Prints the reason libvirt gave when the cache is thrown away at a lookup; prints nothing
-# when the cache stayed valid. Turns on libvirtd's capability-cache debug log for the two
-# lookups only, then puts the daemon's log settings back.
+# when the cache stayed valid. Turns on libvirtd's capability-cache debug log for the second
+# of two lookups only, then puts the daemon's log settings back.
 cache_invalidation_reason() {
   local log outputs filters reason
   log=$(mktemp /tmp/mlkvm-libvirtd-caps.XXXXXX.log)
@@ -128,6 +128,9 @@ view_for_reason() {
 }
 
 other_view() { [ "$1" = qemu-group ] && echo root-only || echo qemu-group; }
+
+# What the private node of a view is, for the messages.
+describe_view() { [ "$1" = qemu-group ] && echo "root:$(qemu_group) 0660" || echo "root 0600"; }
 
 if [ "$CHECK" = 1 ]; then
   wait_ready
@@ -169,7 +172,7 @@ if [ -n "$reason" ]; then
     first=$(view_for_reason "$reason")
     fixed=""
     for view in "$first" "$(other_view "$first")"; do
-      say "restarting libvirtd in its own mount namespace with a private /dev/kvm node ($view: $([ "$view" = qemu-group ] && echo "root:$(qemu_group) 0660" || echo "root 0600")); the host's /dev/kvm is unchanged"
+      say "restarting libvirtd in its own mount namespace with a private /dev/kvm node ($view: $(describe_view "$view")); the host's /dev/kvm is unchanged"
       stop_libvirtd
       start_libvirtd "$view"
       wait_ready

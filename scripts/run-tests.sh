@@ -24,7 +24,6 @@ export MLKVM_REPORT_DIR="$REPORT_DIR"   # the lab tier keeps its playbook logs t
 record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$REPORT_DIR/tiers.tsv"; }
 
 prebuild_pid=""
-prebuild_start=0
 stop_prebuild() {
   if [ -n "$prebuild_pid" ] && kill -0 "$prebuild_pid" 2>/dev/null; then
     echo "=== stopping the background image build"
@@ -33,12 +32,11 @@ stop_prebuild() {
   fi
 }
 trap stop_prebuild EXIT
-wait_prebuild() {
+wait_prebuild() {  # the build records its own wall time (prebuild-images.sh); here only its end
   [ -n "$prebuild_pid" ] || return 0
   echo "=== waiting for the background image build ($REPORT_DIR/prebuild.log)"
   wait "$prebuild_pid"
   local rc=$?
-  record "images (background)" "$(( $(date +%s) - prebuild_start ))" "$rc"
   echo "=== background image build finished rc=$rc; its log:"
   grep -- '^--- prebuild' "$REPORT_DIR/prebuild.log" || true
   prebuild_pid=""
@@ -54,7 +52,6 @@ done
 if [ "${MLKVM_PREBUILD:-1}" != 0 ] && [ "$fast_first" = 1 ] && [ "${#guest_tiers[@]}" -gt 0 ] \
    && [ -z "${PYTEST_ARGS:-}" ]; then
   echo "=== building the ${guest_tiers[*]} tiers' images in the background ($REPORT_DIR/prebuild.log)"
-  prebuild_start=$(date +%s)
   setsid scripts/prebuild-images.sh "${guest_tiers[@]}" > "$REPORT_DIR/prebuild.log" 2>&1 &
   prebuild_pid=$!
 fi
@@ -72,8 +69,8 @@ run_tier() {  # run_tier TIER: one pytest session; records its wall time; return
 }
 
 run_group() {  # run_group "a+b+...": the first in the foreground, the others beside it
-  local group=$1 first rc=0 side pid
-  local -a sides=() pids=()
+  local group=$1 first rc=0 side
+  local -a parts=() sides=() pids=()
   IFS=+ read -r -a parts <<<"$group"
   first=${parts[0]}
   for side in "${parts[@]:1}"; do
@@ -84,7 +81,7 @@ run_group() {  # run_group "a+b+...": the first in the foreground, the others be
   run_tier "$first" || rc=$?
   for i in "${!pids[@]}"; do
     wait "${pids[$i]}" || rc=$?
-    echo "=== output of the $(basename "${sides[$i]}") tier (beside $first):"
+    echo "=== output of the ${sides[$i]} tier (beside $first):"
     cat "$REPORT_DIR/${sides[$i]}.log"
   done
   return $rc
