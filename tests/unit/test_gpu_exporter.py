@@ -256,13 +256,19 @@ def serving(tmp_path: Path, *args: str) -> Iterator[Server]:
             time.sleep(0.05)
         yield Server("http://127.0.0.1:%s" % match.group(1), log, proc)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (the exporter's clean stop), then SIGKILL if it does not end within 15 s."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # --------------------------------------------------------------------------- parsing the capture
@@ -502,12 +508,7 @@ def test_textfile_loop_writes_until_sigterm(tmp_path, capture):
             time.sleep(0.05)
         assert "DCGM_FI_DEV_FB_FREE{" in target.read_text()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     assert proc.returncode == 0  # SIGTERM is a clean stop
     assert "Traceback" not in proc.stderr.read().decode()
 
