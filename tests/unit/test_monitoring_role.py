@@ -1,0 +1,187 @@
+"""mlinfra.kvm.monitoring without a monitoring host: layout, argument specs, preflight refusals,
+and the rendered Prometheus and Alertmanager files checked by promtool and amtool.
+
+Plays run against localhost in check mode with the preflight tag (nothing here changes), the
+way tests/unit/test_roles_static.py runs the other roles.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from test_roles_static import run_playbook
+
+pytestmark = pytest.mark.unit
+ROLE = Path(ROOT) / "roles" / "monitoring"
+VENDOR = ROLE / "files" / "dashboard" / "vendor" / "uPlot.iife.min.js"
+
+
+def failures(proc: subprocess.CompletedProcess) -> list:
+    """(task, msg) of every failed task or loop item ("fatal:" and "failed:" lines)."""
+    found, task = [], None
+    for line in proc.stdout.splitlines():
+        if line.startswith("TASK ["):
+            task = line[len("TASK ["):line.rindex("]")]
+        elif line.startswith(("fatal: ", "failed: ")) and "=> {" in line:
+            found.append((task, str(json.loads(line[line.index("=> {") + 3:]).get("msg"))))
+    return found
+
+
+def server_play(tmp_path: Path, role_vars: dict, tasks_from: str = "server") -> Path:
+    path = tmp_path / "play.yml"
+    path.write_text(yaml.safe_dump([{
+        "name": "monitoring preflight", "hosts": "localhost", "gather_facts": False,
+        "tasks": [{"name": "the role", "ansible.builtin.include_role": {
+            "name": "mlinfra.kvm.monitoring", "tasks_from": tasks_from}, "vars": role_vars,
+            "tags": ["preflight"]}],
+    }], sort_keys=False))
+    return path
+
+
+def test_layout_and_argument_specs():
+    defaults = yaml.safe_load((ROLE / "defaults/main.yml").read_text())
+    specs = yaml.safe_load((ROLE / "meta/argument_specs.yml").read_text())["argument_specs"]
+    assert set(specs) == {"main", "exporters", "server"}
+    assert set(defaults) == set(specs["main"]["options"]), set(defaults) ^ set(specs["main"]["options"])
+    assert set(specs["exporters"]["options"]) | set(specs["server"]["options"]) == set(defaults)
+    for name, option in specs["main"]["options"].items():
+        assert str(option["default"]) == str(defaults[name]), name
+    assert all(n.startswith("monitoring_") for n in defaults)
+    internal = yaml.safe_load((ROLE / "vars/main.yml").read_text())
+    assert all(n.startswith("__monitoring_") for n in internal), list(internal)
+    for handler in yaml.safe_load((ROLE / "handlers/main.yml").read_text()):
+        assert handler.get("listen", "").startswith("monitoring "), handler["name"]
+    for preflight in ("exporters_preflight.yml", "server_preflight.yml"):
+        for task in yaml.safe_load((ROLE / "tasks" / preflight).read_text()):
+            modules = [k for k in task if k not in ("name", "when", "tags", "vars", "loop", "loop_control",
+                                                    "register", "check_mode")]
+            assert modules[0] in ("ansible.builtin.assert", "ansible.builtin.slurp"), (preflight, task["name"])
+
+
+@pytest.mark.parametrize("role_vars,needle", [
+    ({"monitoring_alerts_silenced": ["GPUTooHot"]}, 'names ["GPUTooHot"], which are not alerts of this role'),
+    ({"monitoring_alert_gpu_temp_celsius": "hot"}, 'monitoring_alert_gpu_temp_celsius="hot" is not a number'),
+    ({"monitoring_alert_disk_free_ratio": 1.5}, "monitoring_alert_disk_free_ratio=1.5 is not a number between 0 and 1"),
+    ({"monitoring_alert_vm_down_for": "one minute"}, 'monitoring_alert_vm_down_for="one minute" is not a Prometheus duration'),
+    ({"monitoring_alert_webhook_url": "chat.example.internal/hook"},
+     'monitoring_alert_webhook_url="chat.example.internal/hook" is not an http(s)'),
+    ({"monitoring_mlflow_urls": ["tracking:5000"]}, 'monitoring_mlflow_urls has "tracking:5000"'),
+    ({"monitoring_alert_email": {"to": "ops@example.internal"}}, "monitoring_alert_email needs to, from and smarthost"),
+    ({"monitoring_receiver_log": "/tmp/alerts.jsonl"}, 'monitoring_receiver_log="/tmp/alerts.jsonl"'),
+])
+def test_server_preflight_refuses_bad_input(tmp_path, role_vars, needle):
+    proc = run_playbook(server_play(tmp_path, role_vars), "--check", "--tags", "preflight")
+    assert proc.returncode != 0, proc.stdout
+    failed = failures(proc)
+    assert failed and needle in failed[0][1], failed
+
+
+def test_a_target_that_does_not_resolve_fails_before_any_change(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"hypervisors": {"hosts": {
+        "hv-gone": {"monitoring_address": "hv-gone.invalid"}}}}}}))
+    play = server_play(tmp_path, {})
+    proc = run_playbook(play, "-i", str(inventory), "--check", "--tags", "preflight")
+    assert proc.returncode != 0, proc.stdout
+    failed = failures(proc)
+    assert failed and 'hv-gone\'s scrape address "hv-gone.invalid" does not resolve' in failed[0][1], failed
+    assert "Set monitoring_address for hv-gone" in failed[0][1]
+
+
+def test_exporter_preflight_refuses_a_bad_port(tmp_path):
+    proc = run_playbook(server_play(tmp_path, {"monitoring_node_exporter_port": 99999}, "exporters"),
+                        "--check", "--tags", "preflight")
+    failed = failures(proc)
+    assert failed and "monitoring_node_exporter_port=99999 is not a TCP port" in failed[0][1], failed
+
+
+def test_server_preflight_accepts_the_defaults(tmp_path):
+    if not VENDOR.is_file():
+        pytest.skip("the dashboard's uPlot is not vendored: run scripts/build-dashboard-vendor.sh (make setup does)")
+    proc = run_playbook(server_play(tmp_path, {}), "--check", "--tags", "preflight")
+    assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:])
+
+
+def render(tmp_path: Path, template: str, extra_vars: dict) -> Path:
+    """Render one of the role's templates with Ansible itself (role defaults + vars)."""
+    out = tmp_path / Path(template).name.replace(".j2", "")
+    play = tmp_path / "render.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "render", "hosts": "localhost", "gather_facts": False,
+        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
+        "vars": {"__monitoring_targets": "{{ __monitoring_targets_list | from_json }}"},
+        "tasks": [{"name": "render", "ansible.builtin.template": {
+            "src": str(ROLE / "templates" / template), "dest": str(out), "mode": "0644"}}],
+    }], sort_keys=False))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "hypervisors": {"hosts": {"hv1": {"monitoring_address": "192.0.2.1"}}},
+        "mlinfra_guests": {"hosts": {
+            "gpu-worker": {"ansible_host": "192.0.2.20", "mlinfra_vm": {"role": "worker", "gpus": ["0000:41:00.0"]},
+                           "mlinfra_hypervisor": "hv1"},
+            "tracking": {"ansible_host": "192.0.2.10", "mlinfra_vm": {"role": "tracking", "gpus": []},
+                         "mlinfra_hypervisor": "hv1"}}},
+        "monitoring": {"hosts": {"localhost": {"ansible_connection": "local"}}}}}}))
+    overrides = tmp_path / "overrides.json"  # extra vars: above the role defaults of vars_files
+    overrides.write_text(json.dumps(extra_vars))
+    proc = run_playbook(play, "-i", str(inventory), "--limit", "localhost", "-e", "@%s" % overrides)
+    assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:], proc.stderr[-2000:])
+    return out
+
+
+def test_prometheus_config_scrapes_the_inventory(tmp_path):
+    if not shutil.which("promtool"):
+        pytest.skip("promtool (Debian package prometheus) is not installed; `make setup` installs it")
+    out = render(tmp_path, "prometheus.yml.j2", {"monitoring_mlflow_urls": ["http://192.0.2.10:5000"]})
+    check = subprocess.run(["promtool", "check", "config", "--syntax-only", str(out)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    jobs = {j["job_name"]: j for j in yaml.safe_load(out.read_text())["scrape_configs"]}
+    node = {tuple(sc["targets"]): sc["labels"] for sc in jobs["node"]["static_configs"]}
+    assert node == {("192.0.2.1:9100",): {"host": "hv1", "role": "hypervisor"},
+                    ("192.0.2.20:9100",): {"host": "gpu-worker", "role": "worker"},
+                    ("192.0.2.10:9100",): {"host": "tracking", "role": "tracking"}}
+    assert [sc["targets"] for sc in jobs["libvirt"]["static_configs"]] == [["192.0.2.1:9177"]]
+    # Only the guest with a GPU passed through gets the GPU job.
+    assert [sc["targets"] for sc in jobs["gpu"]["static_configs"]] == [["192.0.2.20:9400"]]
+    assert jobs["mlflow"]["static_configs"][0]["targets"] == ["http://192.0.2.10:5000/health"]
+
+
+def test_expected_vms_textfile_lists_the_guests_placed_here(tmp_path):
+    out = tmp_path / "expected.prom"
+    play = tmp_path / "render.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "render", "hosts": "hv1", "gather_facts": False, "connection": "local",
+        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
+        "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        "tasks": [{"name": "render", "ansible.builtin.template": {
+            "src": str(ROLE / "templates/expected_vms.prom.j2"), "dest": str(out), "mode": "0644"}}],
+    }], sort_keys=False))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "hypervisors": {"hosts": {"hv1": {}, "hv2": {}}},
+        "mlinfra_guests": {"hosts": {"vm-a": {"mlinfra_hypervisor": "hv1"}, "vm-b": {"mlinfra_hypervisor": "hv2"}}}}}}))
+    proc = run_playbook(play, "-i", str(inventory), "-e", '{"monitoring_expected_vms_extra": ["hand-made"]}')
+    assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:])
+    samples = [line for line in out.read_text().splitlines() if line and not line.startswith("#")]
+    assert samples == ['mlinfra_vm_expected_running{domain="hand-made"} 1',
+                       'mlinfra_vm_expected_running{domain="vm-a"} 1']
+
+
+@pytest.mark.parametrize("email", [{}, {"to": "ops@example.internal", "from": "am@example.internal",
+                                        "smarthost": "smtp.example.internal:587", "auth_username": "am",
+                                        "auth_password": "s3cret"}])
+def test_alertmanager_config_passes_amtool(tmp_path, email):
+    if not shutil.which("amtool"):
+        pytest.skip("amtool (Debian package prometheus-alertmanager) is not installed; `make setup` installs it")
+    out = render(tmp_path, "alertmanager.yml.j2", {"monitoring_alert_email": email})
+    check = subprocess.run(["amtool", "check-config", str(out)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    config = yaml.safe_load(out.read_text())
+    assert config["receivers"][0]["webhook_configs"][0]["url"] == "http://127.0.0.1:9095/"
+    assert len(config["receivers"]) == (2 if email else 1)
