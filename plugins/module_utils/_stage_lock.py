@@ -11,6 +11,8 @@ Layout under the stage's ``state_dir`` (``<chdir>/.ml_stage`` by default)::
     NAME.statcache[.trees]      stat cache (a cache: deleting it only costs a rehash)
     NAME.flock                  fcntl lock; holds the pid of the run holding it
     NAME.stdout.log / .stderr.log   output of the last run
+    NAME.runstats.json          counters and last run for the Prometheus textfile
+                                (only with metrics_textfile_dir; see _stage_metrics)
 """
 from __future__ import annotations
 
@@ -91,6 +93,7 @@ class StageFiles:
         self.statcache = os.path.join(state_dir, name + ".statcache")
         self.stdout = os.path.join(state_dir, name + ".stdout.log")
         self.stderr = os.path.join(state_dir, name + ".stderr.log")
+        self.runstats = os.path.join(state_dir, name + ".runstats.json")
 
     def read_lock(self) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
         """(lock, problem): (None, None) when there is none, (None, why) when unreadable."""

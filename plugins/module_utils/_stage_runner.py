@@ -92,13 +92,52 @@ class StageRunner:
         self.diff = diff_mode
         self.warn = warn
         self.files = StageFiles(spec.state_dir, spec.name)
+        # When the command started and ended (time.time()), for the metrics textfile.
+        self._cmd_started: Optional[float] = None
+        self._cmd_ended: Optional[float] = None
 
     # -- entry point ------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
         if self.check:
-            return self._stage()
+            result = self._stage()
+            result["metrics_textfile"] = None  # check mode writes nothing
+            return result
         with FileLock(self.files.flock, self.spec.name, self.spec.lock_timeout):
-            return self._stage()
+            try:
+                result = self._stage()
+            except StageFailed as exc:
+                # Still under the flock, so two runs never interleave their counters.
+                exc.details["metrics_textfile"] = self._record_metrics(
+                    "failure", duration=exc.details.get("duration"),
+                    mlflow_run_id=exc.details.get("mlflow_run_id"))
+                raise
+            if result.get("ran") or result.get("reused_from"):
+                outcome = "success"
+            else:
+                outcome = "skipped"  # up to date, or frozen although due: never a success
+            result["metrics_textfile"] = self._record_metrics(
+                outcome, duration=result.get("duration"),
+                mlflow_run_id=result.get("mlflow_run_id") or result.get("reused_from"))
+            return result
+
+    def _record_metrics(self, outcome: str, duration: Optional[float],
+                        mlflow_run_id: Optional[str]) -> Optional[str]:
+        """Update the run statistics and the textfile; a problem is a warning, never a failure."""
+        spec = self.spec
+        if not spec.metrics_textfile_dir:
+            return None
+        from ._stage_metrics import StageMetrics
+        metrics = StageMetrics(spec.metrics_textfile_dir, spec.name, spec.metrics_labels,
+                               self.files.runstats, self.warn)
+        if duration is None and self._cmd_ended is not None and self._cmd_started is not None:
+            duration = self._cmd_ended - self._cmd_started
+        try:
+            return metrics.record(outcome, lock=self.files.read_lock()[0], ended=self._cmd_ended,
+                                  duration=duration, mlflow_run_id=mlflow_run_id)
+        except Exception as exc:  # observability must not turn a run into a failure
+            self.warn("ml_stage metrics: could not update %s (%s: %s); the stage's result is "
+                      "unaffected" % (metrics.path, type(exc).__name__, exc))
+            return None
 
     # -- fingerprint --------------------------------------------------------------------
     def _base_env(self) -> Dict[str, str]:
@@ -374,14 +413,16 @@ class StageRunner:
                 elif os.path.lexists(full):
                     os.unlink(full)
         os.makedirs(spec.state_dir, exist_ok=True)
-        cmd_started = time.time()
+        cmd_started = self._cmd_started = time.time()
         t0 = time.monotonic()
         try:
             rc, timed_out = self._spawn(env)
         except StageFailed as exc:
+            self._cmd_ended = time.time()
             if tracker:
                 tracker.finish("FAILED", None, exc.msg)
             raise
+        self._cmd_ended = time.time()
         duration = round(time.monotonic() - t0, 3)
         result.update(ran=True, rc=rc, duration=duration,
                       stdout_tail=_tail(self.files.stdout, spec.tail_lines),

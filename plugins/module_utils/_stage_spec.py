@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from ._errors import InvalidInputError
 from ._stage_hash import SUPPORTED, is_glob
 from ._stage_lock import canonical_json
+from ._stage_metrics import validate_labels
 from ._validate import object_name
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -95,6 +96,16 @@ class StageSpec:
 
         state_dir = p.get("state_dir") or ".ml_stage"
         self.state_dir = os.path.normpath(os.path.join(self.chdir, os.path.expanduser(state_dir)))
+
+        textfile_dir = p.get("metrics_textfile_dir")
+        if textfile_dir is not None and not isinstance(textfile_dir, str):
+            raise InvalidInputError("metrics_textfile_dir", textfile_dir, "is not a path",
+                                    "give node_exporter's textfile-collector directory, e.g. "
+                                    "/var/lib/prometheus/node-exporter")
+        self.metrics_textfile_dir: Optional[str] = (
+            os.path.normpath(os.path.join(self.chdir, os.path.expanduser(textfile_dir)))
+            if textfile_dir else None)
+        self.metrics_labels = validate_labels(p.get("metrics_labels"))
 
         self.params = self._params(p.get("params"))
         params_file = p.get("params_file")

@@ -167,6 +167,36 @@ options:
     description: Lines of stdout and stderr returned in C(stdout_tail) and C(stderr_tail).
     type: int
     default: 40
+  metrics_textfile_dir:
+    description:
+      - A node_exporter textfile-collector directory (Debian's prometheus-node-exporter reads
+        C(/var/lib/prometheus/node-exporter)); relative paths are relative to O(chdir). Unset
+        (the default), no metrics are kept or written.
+      - After every run decision (ran and succeeded, ran and failed or timed out, or skipped
+        because up to date or frozen) the module rewrites C(mlinfra_stage_NAME.prom) there
+        (NAME with every character outside C([a-zA-Z0-9_]) turned into C(_), so names that
+        differ only there share a file), atomically (a hidden C(.tmp) file in the same
+        directory, renamed; mode 0644). Its series, all labelled C(stage) and O(metrics_labels)
+        are C(mlinfra_stage_last_run_timestamp_seconds), C(mlinfra_stage_last_run_duration_seconds)
+        and C(mlinfra_stage_last_run_success) (these three also C(mlflow_run_id), empty without
+        MLflow), C(mlinfra_stage_last_success_timestamp_seconds) (kept across failures, absent
+        until a success), and the counters C(mlinfra_stage_skipped_total) and
+        C(mlinfra_stage_runs_total{result="success|failure"}).
+      - The counters and the last run live in C(STATE_DIR/NAME.runstats.json), so the file can
+        be rebuilt from it; a missing or corrupt one starts afresh (with a warning), seeded with
+        the last success the lock records. Outputs reused from MLflow count as a successful run.
+      - Writing this file is observability, like a log line, not managed state; a skipped
+        stage still reports C(changed=false). A failed run writes it (success 0) and then fails
+        as before. When the directory is missing or cannot be written, the stage runs anyway
+        and the module warns; check mode writes nothing.
+    type: path
+  metrics_labels:
+    description:
+      - Extra labels on every series of O(metrics_textfile_dir), e.g. C({pipeline: nightly}).
+      - Names must match C([a-zA-Z_][a-zA-Z0-9_]*); C(stage), C(mlflow_run_id), C(result) and
+        names starting with C(__) are reserved. Values are strings (numbers are converted).
+    type: dict
+    default: {}
   mlflow:
     description: Record real runs in an MLflow tracking server (REST API, no mlflow package needed).
     type: dict
@@ -264,6 +294,8 @@ EXAMPLES = r'''
     metrics_file: metrics.json
     code: {git: true, python: true}
     env: {CUDA_VISIBLE_DEVICES: "0"}
+    metrics_textfile_dir: /var/lib/prometheus/node-exporter
+    metrics_labels: {pipeline: resnet}
     secret_env: {HF_TOKEN: "{{ vault_hf_token }}"}
     mlflow:
       tracking_uri: http://mlflow.lab:5000
@@ -373,6 +405,14 @@ lock_file:
   description: Path of the lock.
   returned: always
   type: str
+metrics_textfile:
+  description:
+    - The C(.prom) file written in O(metrics_textfile_dir) for this run decision (also on a
+      failed run); null when the option is unset, in check mode, or when it could not be
+      written (see the warning).
+  returned: always
+  type: str
+  sample: /var/lib/prometheus/node-exporter/mlinfra_stage_train.prom
 '''
 
 from ansible.module_utils.basic import AnsibleModule
@@ -409,6 +449,8 @@ ARGUMENT_SPEC = dict(
     hash_algorithm=dict(type="str", default="auto",
                         choices=["auto", "xxh3_128", "blake3", "sha256", "md5"]),
     tail_lines=dict(type="int", default=40),
+    metrics_textfile_dir=dict(type="path"),
+    metrics_labels=dict(type="dict", default={}),
     mlflow=dict(type="dict", options=dict(
         tracking_uri=dict(type="str", required=True),
         experiment=dict(type="str", default="Default"),
