@@ -11,9 +11,11 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc \
 	qemu-system-x86 qemu-utils dnsmasq-base ovmf genisoimage xorriso debootstrap parted \
-	e2fsprogs iproute2 openssh-client rsync git python3-venv python3-dev podman runc
+	e2fsprogs iproute2 openssh-client rsync git python3-venv python3-dev podman runc \
+	prometheus prometheus-alertmanager prometheus-node-exporter prometheus-libvirt-exporter \
+	prometheus-blackbox-exporter chromium chromium-driver npm
 
-.PHONY: help setup apt venv daemons test test-unit test-integration test-vm test-container test-lab test-molecule test-gpu-host \
+.PHONY: help setup apt venv vendor daemons test test-unit test-integration test-vm test-container test-lab test-molecule test-gpu-host \
 	image lab teardown bench build clean
 
 help:
@@ -32,7 +34,7 @@ help:
 	@echo "make bench             benchmarks under bench/ (not part of the tests)"
 	@echo "make build             ansible-galaxy collection build"
 
-setup: apt venv daemons
+setup: apt venv vendor daemons
 
 apt: .cache/apt.stamp
 .cache/apt.stamp: Makefile
@@ -51,6 +53,10 @@ $(VENV)/.stamp: requirements.txt .cache/apt.stamp
 	@$(PY) -m pip install -q --upgrade pip wheel
 	@$(PY) -m pip install -q -r requirements.txt
 	@touch $@
+
+# The dashboard's chart library (uPlot), from npm at a pinned version and checksum.
+vendor: .cache/apt.stamp
+	@bash scripts/build-dashboard-vendor.sh
 
 daemons:
 	@scripts/ensure-libvirtd.sh
