@@ -7,6 +7,9 @@
 #   bash lab/image/build.sh --name ml --disk-size 8G \
 #        --venv-bundle /opt/mlinfra/venv=B.tar   # a venv bundle (roles/venv_bundle) baked in:
 #                                                # python3 -m venv in the chroot, then tar -x
+#   bash lab/image/build.sh ... --disable-units "prometheus prometheus-alertmanager"
+#                                                # installed but not started at boot (the
+#                                                # roles enable them where they belong)
 #   bash lab/image/build.sh --force              # rebuild even if the stamp matches
 #   bash lab/image/build.sh --print-paths        # print the output paths (KEY=path), build nothing
 #
@@ -30,6 +33,7 @@ DISK_SIZE="${MLKVM_IMAGE_DISK_SIZE:-3G}"
 
 EXTRA_PACKAGES=""
 VENV_BUNDLES=()
+DISABLE_UNITS=""
 NAME=""
 FORCE=0
 PRINT_PATHS=0
@@ -44,6 +48,8 @@ while [ $# -gt 0 ]; do
     --extra-packages=*) EXTRA_PACKAGES="${1#*=}"; shift ;;
     --venv-bundle) VENV_BUNDLES+=("${2:?--venv-bundle needs VENV=TAR}"); shift 2 ;;
     --venv-bundle=*) VENV_BUNDLES+=("${1#*=}"); shift ;;
+    --disable-units) DISABLE_UNITS="${2:?--disable-units needs unit names}"; shift 2 ;;
+    --disable-units=*) DISABLE_UNITS="${1#*=}"; shift ;;
     --disk-size) DISK_SIZE="${2:?--disk-size needs a value such as 8G}"; shift 2 ;;
     --disk-size=*) DISK_SIZE="${1#*=}"; shift ;;
     --name) NAME="${2:?--name needs a value}"; shift 2 ;;
@@ -108,6 +114,7 @@ recipe_hash() {
   {
     printf 'suite=%s mirror=%s size=%s\n' "$SUITE" "$MIRROR" "$DISK_SIZE"
     printf 'packages=%s\n' "$PACKAGES"
+    printf 'disabled units=%s\n' "$DISABLE_UNITS"
     sha256sum "$HERE/build.sh" "$HERE/packages.txt"
     # A bundle's file name carries the hash of its requirements; the size catches a rebuild.
     for spec in "${VENV_BUNDLES[@]}"; do
@@ -218,6 +225,12 @@ for spec in "${VENV_BUNDLES[@]}"; do
   step "venv $venv from $(basename "$tarball") ($(du -h "$tarball" | cut -f1))"
   chroot "$ROOTFS" /usr/bin/python3 -m venv "$venv"
   tar -C "$ROOTFS$venv" --no-same-owner -xf "$tarball"
+done
+
+for unit in $DISABLE_UNITS; do
+  [[ "$unit" =~ ^[A-Za-z0-9@._-]+$ ]] || die "--disable-units: '$unit' is not a unit name"
+  step "unit $unit: installed, not started at boot"
+  chroot "$ROOTFS" /usr/bin/systemctl disable --quiet "$unit"
 done
 
 step "apt-get clean"

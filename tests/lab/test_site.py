@@ -46,7 +46,8 @@ def playbook(name: str, *extra: str, log: Path) -> subprocess.CompletedProcess:
                PATH="%s:%s" % (BIN, os.environ.get("PATH", "")),
                ANSIBLE_LOG_PATH=str(log.with_suffix(".timed.log")))
     with open(log, "w") as handle:
-        proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "inventories/lab", "playbooks/" + name, *extra],
+        proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "inventories/lab",
+                               name if os.path.isabs(name) else "playbooks/" + name, *extra],
                               cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, timeout=3600)
     proc.stdout = log.read_text()
     return proc
@@ -169,6 +170,155 @@ def test_site_end_to_end(lab):
     assert stage_lines(third.stdout) == {"prepare": "skipped", "train": "ran"}, tail(third.stdout, 40)
     assert "param lr 0.003 -> 0.002" in third.stdout
     assert len([r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"]) == 2
+
+
+# --------------------------------------------------------------------------- monitoring
+
+LAB_SCRAPE_S = 10  # inventories/lab: monitoring_scrape_interval and evaluation interval
+LAB_GROUP_WAIT_S = 5
+VM_DOWN_FOR_S = 30  # inventories/lab: monitoring_alert_vm_down_for
+RECEIVER_LOG = "/var/lib/mlinfra-alert-receiver/alerts.jsonl"
+
+
+def tracking_address() -> str:
+    creds = json.loads((SECRETS / "mlflow-mlinfra-tracking.json").read_text())
+    return re.match(r"^https?://([^:/]+)", creds["url"]).group(1)
+
+
+def guest_ssh(address: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = ["ssh", "-i", str(SECRETS / "id_ed25519"), "-o", "UserKnownHostsFile=%s" % (SECRETS / "known_hosts"),
+           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20",
+           "mlinfra@" + address, "--", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def prometheus_get(base: str, path: str) -> Dict:
+    with urllib.request.urlopen(base + path, timeout=20) as resp:
+        body = json.loads(resp.read())
+    assert body.get("status") == "success", body
+    return body["data"]
+
+
+def poll(what: str, probe, deadline_s: float, every_s: float = 3.0):
+    """probe() until it returns something truthy; fails with `what` and the last value."""
+    end, last = time.monotonic() + deadline_s, None
+    while time.monotonic() < end:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every_s)
+    pytest.fail("%s: not seen within %.0f s (last: %r)" % (what, deadline_s, last))
+
+
+def notifications(address: str) -> List[Dict]:
+    proc = guest_ssh(address, "sudo", "cat", RECEIVER_LOG)
+    if proc.returncode != 0:
+        return []
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def alert_seen(address: str, name: str, status: str, since: float, **labels: str) -> Dict:
+    for note in notifications(address):
+        if note.get("received_at", 0) < since:
+            continue
+        for alert in note.get("alerts", []):
+            got = alert.get("labels", {})
+            if got.get("alertname") == name and alert.get("status") == status and \
+                    all(got.get(k) == v for k, v in labels.items()):
+                return dict(alert, received_at=note["received_at"])
+    return {}
+
+
+@pytest.mark.timeout(1800)
+def test_monitoring_on_the_lab(lab, tmp_path):
+    """After site.yml: every target up, the dashboard in a real browser, a VM forced off
+    reaches the webhook receiver as VMNotRunning and clears, a failed stage alerts."""
+    logs, timings = lab
+    tracking = tracking_address()
+    base = "http://%s:9090" % tracking
+
+    def targets_up():
+        active = prometheus_get(base, "/api/v1/targets?state=active")["activeTargets"]
+        jobs = sorted((t["labels"]["job"], t["labels"].get("host", "")) for t in active)
+        down = [(t["labels"]["job"], t["scrapeUrl"], t.get("lastError")) for t in active if t["health"] != "up"]
+        return (jobs, down) if not down and active else None
+
+    start = time.monotonic()
+    jobs, _ = poll("every Prometheus target up", lambda: targets_up() or None, 240)
+    assert ("libvirt", "localhost") in jobs and ("mlflow", "") in jobs
+    assert {("node", h) for h in ("localhost", "mlinfra-tracking", "mlinfra-worker-1")} <= set(jobs), jobs
+    timings["monitoring_targets_up_s"] = round(time.monotonic() - start, 1)
+
+    stage = prometheus_get(base, '/api/v1/query?query=mlinfra_stage_last_run_success{stage="train"}')["result"]
+    assert stage and stage[0]["value"][1] == "1" and stage[0]["metric"]["mlflow_run_id"], stage
+
+    # The dashboard, in headless Chromium.
+    from dashboard_browser import open_dashboard  # tests/dashboard_browser.py
+    page = open_dashboard(base + "/user/index.html", tmp_path, "dashboard-lab.png",
+                          expect_texts=["mlinfra-tracking", "mlinfra-worker-1", "localhost"])
+    assert not page["error_banner"], page
+    assert page["severe_console_messages"] == [], page
+    assert page["plotted_series"] > 0, page
+
+    # A worker forced off: VMNotRunning reaches the receiver, and clears once it runs again.
+    import libvirt
+    conn = libvirt.open("qemu:///system")
+    try:
+        worker = conn.lookupByName("mlinfra-worker-1")
+        forced = time.time()
+        worker.destroy()
+        deadline = VM_DOWN_FOR_S + 2 * LAB_SCRAPE_S + LAB_GROUP_WAIT_S + 45  # slack: TCG guests, 2 cores
+        fired = poll("VMNotRunning firing for mlinfra-worker-1 at the receiver",
+                     lambda: alert_seen(tracking, "VMNotRunning", "firing", forced, domain="mlinfra-worker-1"),
+                     deadline, every_s=5)
+        timings["vm_down_alert_s"] = round(fired["received_at"] - forced, 1)
+        restarted = time.time()
+        worker.create()
+    finally:
+        conn.close()
+    poll("VMNotRunning resolved for mlinfra-worker-1",
+         lambda: alert_seen(tracking, "VMNotRunning", "resolved", restarted, domain="mlinfra-worker-1"),
+         LAB_SCRAPE_S * 3 + 120, every_s=5)
+    timings["vm_down_alert_cleared_s"] = round(time.time() - restarted, 1)
+
+    # A stage whose command fails (a train command made to fail, beside the real pipeline):
+    # one ml_stage run on the worker, as the pipeline role runs its stages.
+    start = time.time()
+    proc = ansible_on_guest(guest_address("mlinfra-worker-1"), "mlinfra.kvm.ml_stage", {
+        "name": "train-drill", "chdir": "/var/tmp",
+        "cmd": ["python3", "-c", "import sys; sys.exit('drill command failed on purpose')"],
+        "metrics_textfile_dir": "/var/lib/prometheus/node-exporter", "metrics_labels": {"pipeline": "alert-drill"}},
+        log=logs / "stage-drill.log")
+    assert proc.returncode != 0 and "drill command failed on purpose" in proc.stdout, tail(proc.stdout)
+    alert = poll("PipelineStageFailed at the receiver",
+                 lambda: alert_seen(tracking, "PipelineStageFailed", "firing", start, stage="train-drill"),
+                 3 * LAB_SCRAPE_S + LAB_GROUP_WAIT_S + 90, every_s=5)
+    assert alert["labels"].get("pipeline") == "alert-drill", alert
+    timings["stage_failed_alert_s"] = round(alert["received_at"] - start, 1)
+
+
+def guest_address(name: str) -> str:
+    import libvirt
+    conn = libvirt.open("qemu:///system")
+    try:
+        ifaces = conn.lookupByName(name).interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE)
+    finally:
+        conn.close()
+    return [a["addr"] for i in ifaces.values() for a in (i.get("addrs") or []) if a["type"] == 0][0]
+
+
+def ansible_on_guest(address: str, module: str, args: Dict, log: Path) -> subprocess.CompletedProcess:
+    """One module on one guest, over the lab's SSH key and pinned host keys (as root)."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH="%s:%s" % (BIN, os.environ.get("PATH", "")))
+    argv = [str(BIN / "ansible"), "all", "-i", address + ",", "-u", "mlinfra", "-b",
+            "--private-key", str(SECRETS / "id_ed25519"),
+            "--ssh-common-args=-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes" % (SECRETS / "known_hosts"),
+            "-e", "ansible_python_interpreter=/usr/bin/python3", "-m", module, "-a", json.dumps(args)]
+    with open(log, "w") as handle:
+        proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, timeout=600)
+    proc.stdout = log.read_text()
+    return proc
 
 
 def test_teardown_leaves_only_the_image(lab):
