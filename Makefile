@@ -13,7 +13,7 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 	qemu-system-x86 qemu-utils dnsmasq-base ovmf genisoimage xorriso debootstrap parted \
 	e2fsprogs iproute2 openssh-client rsync git python3-venv python3-dev podman runc \
 	prometheus prometheus-alertmanager prometheus-node-exporter prometheus-libvirt-exporter \
-	prometheus-blackbox-exporter daemon chromium chromium-driver npm
+	prometheus-blackbox-exporter daemon chromium chromium-driver
 
 .PHONY: help setup apt venv vendor daemons test test-unit test-integration test-vm test-container test-lab test-molecule test-gpu-host \
 	image lab teardown bench build clean
@@ -36,10 +36,13 @@ help:
 
 setup: apt venv vendor daemons
 
+# npm (the dashboard's uPlot, scripts/build-dashboard-vendor.sh): Debian's package only where no
+# npm is installed; a nodejs from NodeSource carries its own and conflicts with Debian's.
 apt: .cache/apt.stamp
 .cache/apt.stamp: Makefile
 	@mkdir -p .cache
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "setup: installing Debian packages:" $$missing; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
