@@ -9,18 +9,17 @@ loses a value on real hardware fails here, without the hardware.
 """
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from typing import Dict, Tuple
 
 import pytest
 
+from test_gpu_exporter import gx  # noqa: F401  (the exporter imported in-process, one loader for both)
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPORTER = ROOT / "roles" / "monitoring" / "files" / "mlinfra_gpu_exporter.py"
 RECORDED = ROOT / "tests" / "fixtures" / "h200-exporter"
 HOST = "h200-device"  # --hostname of the device run
 LOAD_FB_BALLAST_MIB = 16 * 1024  # the load script holds a 16 GiB tensor
@@ -54,20 +53,6 @@ def recorded(name: str) -> Dict[str, Dict[Labels, float]]:
     if not path.is_file():
         pytest.skip("recorded device output %s is missing" % path)
     return parse_exposition(path.read_text())
-
-
-@pytest.fixture(scope="module")
-def gx():
-    spec = importlib.util.spec_from_file_location("mlinfra_gpu_exporter_h200", EXPORTER)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.dont_write_bytecode = saved
-    yield module
-    sys.modules.pop(spec.name, None)
 
 
 @pytest.mark.parametrize("name", ["load-nvml.prom", "load-nvidia-smi.prom", "load-http.prom"])
