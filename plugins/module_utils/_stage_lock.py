@@ -13,6 +13,8 @@ Layout under the stage's ``state_dir`` (``<chdir>/.ml_stage`` by default)::
     NAME.stdout.log / .stderr.log   output of the last run
     NAME.runstats.json          counters and last run for the Prometheus textfile
                                 (only with metrics_textfile_dir; see _stage_metrics)
+    NAME.running.json           a run in progress: its token, pids and MLflow run; left
+                                behind only by a run that was cut short (see _stage_proc)
 """
 from __future__ import annotations
 
@@ -94,6 +96,7 @@ class StageFiles:
         self.stdout = os.path.join(state_dir, name + ".stdout.log")
         self.stderr = os.path.join(state_dir, name + ".stderr.log")
         self.runstats = os.path.join(state_dir, name + ".runstats.json")
+        self.running = os.path.join(state_dir, name + ".running.json")
 
     def read_lock(self) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
         """(lock, problem): (None, None) when there is none, (None, why) when unreadable."""

@@ -24,12 +24,37 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ._errors import InvalidInputError, KvmError
 from ._stage_hash import (Hasher, IgnoreMatcher, StatCache, choose_algorithm, hash_bytes,
                           is_glob, public)
-from ._stage_lock import LOCK_FORMAT, FileLock, StageFiles, canonical_json, write_bytes_atomic
+from ._stage_lock import (LOCK_FORMAT, FileLock, StageBusyError, StageFiles, canonical_json,
+                          write_bytes_atomic)
+from ._stage_proc import (TOKEN_VAR, RunRecord, describe, new_token, processes_with_token,
+                          supervised_argv, wait_for_exit)
 from ._stage_spec import StageSpec, flatten
+
+# Seconds the command gets between SIGTERM and SIGKILL when it is stopped (timeout, a
+# signal to ml_stage, ml_stage's death).
+STOP_GRACE = 10.0
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
 
 
 class StageFailed(KvmError):
     """The command ran and failed (or did not produce its outputs); the lock is untouched."""
+
+    # The status the stage's MLflow run ends with.
+    mlflow_status = "FAILED"
+
+
+class StageInterrupted(StageFailed):
+    """ml_stage got SIGHUP/SIGTERM/SIGINT while the command ran; the command was stopped."""
+
+    mlflow_status = "KILLED"
+
+
+class _Signalled(BaseException):
+    """Raised by the signal handler to leave the wait for the command."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -92,6 +117,9 @@ class StageRunner:
         self.diff = diff_mode
         self.warn = warn
         self.files = StageFiles(spec.state_dir, spec.name)
+        self.record = RunRecord(self.files.running)
+        # The MLflow run of the command being run (for the run record).
+        self._run_mlflow: Optional[Dict[str, Any]] = None
         # When the command started and ended (time.time()), for the metrics textfile.
         self._cmd_started: Optional[float] = None
         self._cmd_ended: Optional[float] = None
@@ -99,13 +127,17 @@ class StageRunner:
     # -- entry point ------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
         if self.check:
+            recovered = self._recover()
             result = self._stage()
             result["metrics_textfile"] = None  # check mode writes nothing
-            return result
+            return self._with_recovery(result, recovered)
         with FileLock(self.files.flock, self.spec.name, self.spec.lock_timeout):
+            recovered = self._recover()
             try:
                 result = self._stage()
             except StageFailed as exc:
+                if recovered:
+                    exc.details["interrupted_run"] = recovered
                 # Still under the flock, so two runs never interleave their counters.
                 exc.details["metrics_textfile"] = self._record_metrics(
                     "failure", duration=exc.details.get("duration"),
@@ -118,7 +150,81 @@ class StageRunner:
             result["metrics_textfile"] = self._record_metrics(
                 outcome, duration=result.get("duration"),
                 mlflow_run_id=result.get("mlflow_run_id") or result.get("reused_from"))
-            return result
+            return self._with_recovery(result, recovered)
+
+    # -- a run that was cut short -------------------------------------------------------
+    def _recover(self) -> Optional[Dict[str, Any]]:
+        """Deal with what an earlier run that was cut short left behind, before deciding.
+
+        Its processes (found by the run's token): wait for them up to lock_timeout, then
+        fail naming them, so no second copy starts. Its MLflow run, left RUNNING: ended
+        KILLED. Check mode only reads (and fails the same way when it would not wait).
+        """
+        prev = self.record.read()
+        if prev is None:
+            return None
+        spec = self.spec
+        token = prev.get("token")
+        info: Dict[str, Any] = {k: prev.get(k) for k in ("started", "host", "module_pid", "pid", "cmd")}
+        info["mlflow_run_id"] = (prev.get("mlflow") or {}).get("run_id")
+        left: List[int] = []
+        if token:
+            wait = 0.0 if self.check else spec.lock_timeout
+            left = wait_for_exit(token, wait)
+        if left and (not self.check or spec.lock_timeout <= 0):
+            raise StageBusyError(
+                "stage %s: the command of an earlier run that was cut short is still running: "
+                "%s (started %s by ml_stage pid %s, which is gone). ml_stage does not start a "
+                "second copy: wait for it to end (option lock_timeout, waited %s s), or stop it "
+                "(kill -TERM %s) and run again"
+                % (spec.name, describe(left), prev.get("started"), prev.get("module_pid"),
+                   0 if self.check else spec.lock_timeout, " ".join(str(p) for p in left)),
+                changed=False, lock_file=self.files.running, pids=left)
+        if left:  # check mode, where the real run would wait up to lock_timeout
+            info["still_running"] = left
+            self.warn("stage %s: %s of an earlier, cut-short run still run(s); a real run waits "
+                      "up to %s s (lock_timeout) for them" % (spec.name, describe(left), spec.lock_timeout))
+        info["mlflow"] = self._end_open_mlflow_run(prev, info)
+        if not self.check:
+            self.record.remove()
+        self.warn("stage %s: the run started %s by ml_stage pid %s was cut short (no result was "
+                  "recorded; its outputs do not count); MLflow: %s"
+                  % (spec.name, prev.get("started"), prev.get("module_pid"), info["mlflow"]))
+        return info
+
+    def _end_open_mlflow_run(self, prev: Dict[str, Any], info: Dict[str, Any]) -> str:
+        """End the MLflow run a cut-short run left RUNNING; says what was (or would be) done."""
+        rec = prev.get("mlflow") or {}
+        run_id, uri = rec.get("run_id"), (rec.get("tracking_uri") or "").rstrip("/")
+        if not run_id:
+            return "no run was open"
+        m = self.spec.mlflow
+        if m is None or m.tracking_uri.rstrip("/") != uri:
+            return ("run %s on %s was left as it is (not this stage's tracking server now); end "
+                    "it there by hand" % (run_id, uri))
+        from ._stage_mlflow import MlflowClient, MlflowError
+        client = MlflowClient(m.tracking_uri, m.username, m.password, m.token, m.timeout,
+                              m.validate_certs)
+        try:
+            status = client.get_run(run_id)["info"]["status"]
+            if status not in ("RUNNING", "SCHEDULED"):
+                return "run %s was already %s" % (run_id, status)
+            info["mlflow_ended"] = True
+            if self.check:
+                return "run %s is %s and would be ended KILLED" % (run_id, status)
+            client.set_tags(run_id, {"mlinfra.stage.failure": "cut short: ml_stage pid %s stopped "
+                                     "before the run ended" % prev.get("module_pid")})
+            client.end_run(run_id, "KILLED")
+            return "run %s was %s; ended KILLED" % (run_id, status)
+        except (MlflowError, KeyError, TypeError) as exc:
+            return "run %s could not be ended (%s); end it by hand" % (run_id, getattr(exc, "msg", exc))
+
+    @staticmethod
+    def _with_recovery(result: Dict[str, Any], recovered: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        result["interrupted_run"] = recovered
+        if recovered and recovered.get("mlflow_ended"):
+            result["changed"] = True  # an MLflow run was (or would be) ended
+        return result
 
     def _record_metrics(self, outcome: str, duration: Optional[float],
                         mlflow_run_id: Optional[str]) -> Optional[str]:
@@ -415,12 +521,17 @@ class StageRunner:
         os.makedirs(spec.state_dir, exist_ok=True)
         cmd_started = self._cmd_started = time.time()
         t0 = time.monotonic()
+        env[TOKEN_VAR] = new_token()
+        if tracker and tracker.run_id:
+            self._run_mlflow = {k: result["mlflow"][k] for k in ("run_id", "experiment_id", "tracking_uri")}
         try:
             rc, timed_out = self._spawn(env)
         except StageFailed as exc:
             self._cmd_ended = time.time()
             if tracker:
-                tracker.finish("FAILED", None, exc.msg)
+                tracker.finish(exc.mlflow_status, None, exc.msg)
+            if not exc.details.get("still_running"):
+                self.record.remove()
             raise
         self._cmd_ended = time.time()
         duration = round(time.monotonic() - t0, 3)
@@ -447,6 +558,7 @@ class StageRunner:
         if failure is not None:
             if tracker:
                 tracker.finish("FAILED", None, failure)
+            self.record.remove()
             details = {k: result.get(k) for k in ("rc", "duration", "stdout_tail", "stderr_tail",
                                                   "stdout_log", "stderr_log", "reasons", "key",
                                                   "previous_key", "mlflow", "mlflow_run_id")}
@@ -461,38 +573,92 @@ class StageRunner:
         self.files.write(lock_doc, manifest)
         hasher.cache.save()
         result.update(outs=lock_doc["outs"], metrics=metrics)
-        if tracker:
-            tracker.finish("FINISHED", lock_doc, None, metrics)
+        try:
+            if tracker:
+                tracker.finish("FINISHED", lock_doc, None, metrics)
+        finally:
+            self.record.remove()
         return result
 
-    def _spawn(self, env: Dict[str, str]) -> Tuple[int, bool]:
+    def _check_executable(self, env: Dict[str, str]) -> None:
+        """Refuse a command that cannot start, before anything is spawned (the supervisor
+        would start fine and only then fail to start it)."""
         spec = self.spec
+        prog = spec.cmd[0]
+        if os.sep in prog:
+            found = os.path.join(spec.chdir, prog)
+            ok = os.path.isfile(found) and os.access(found, os.X_OK)
+        else:
+            ok = shutil.which(prog, path=env.get("PATH", os.defpath)) is not None
+        if not ok:
+            raise StageFailed("option cmd: %s could not be started (not found or not executable "
+                              "from %s with the command's PATH); install it or fix the path"
+                              % (prog, spec.chdir), changed=False)
+
+    def _spawn(self, env: Dict[str, str]) -> Tuple[int, bool]:
+        """Run the command under the supervisor; (rc, timed_out). A signal to ml_stage stops
+        the command and raises StageInterrupted."""
+        spec = self.spec
+        self._check_executable(env)
+        argv = supervised_argv(sys.executable, spec.cmd, STOP_GRACE)
         with open(self.files.stdout, "wb") as out, open(self.files.stderr, "wb") as err:
             try:
-                proc = subprocess.Popen(spec.cmd, cwd=spec.chdir, env=env, stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(argv, cwd=spec.chdir, env=env, stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=err, start_new_session=True)
             except OSError as exc:
                 raise StageFailed("option cmd: %s could not be started (%s); install it or fix "
                                   "the path" % (spec.cmd[0], exc), changed=False)
+            self.record.write(env[TOKEN_VAR], proc.pid, spec.cmd, self._run_mlflow)
+
+            def on_signal(signum: int, frame: Any) -> None:
+                raise _Signalled(signum)
+
+            previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
             try:
                 return proc.wait(timeout=spec.timeout or None), False
             except subprocess.TimeoutExpired:
-                for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
-                    try:
-                        os.killpg(proc.pid, sig)
-                    except OSError:
-                        pass
-                    try:
-                        return proc.wait(timeout=wait), True
-                    except subprocess.TimeoutExpired:
-                        continue
-                return -9, True
+                return self._stop(proc), True
+            except _Signalled as exc:
+                for sig in STOP_SIGNALS:  # a second signal must not cut the clean-up short
+                    signal.signal(sig, signal.SIG_IGN)
+                self._stop(proc)
+                raise self._interrupted(exc.signum, env[TOKEN_VAR])
             except BaseException:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except OSError:
                     pass
                 raise
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    @staticmethod
+    def _stop(proc: "subprocess.Popen[bytes]") -> int:
+        """SIGTERM to the command's process group, SIGKILL after the grace; its status."""
+        for sig, wait in ((signal.SIGTERM, STOP_GRACE + 5), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(proc.pid, sig)
+            except OSError:
+                pass
+            try:
+                return proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+        return -signal.SIGKILL
+
+    def _interrupted(self, signum: int, token: str) -> StageInterrupted:
+        name = signal.Signals(signum).name
+        left = processes_with_token(token)
+        why = {"SIGHUP": "the connection to the controller dropped, or ansible-playbook was killed",
+               "SIGINT": "interrupted from the keyboard", "SIGTERM": "asked to stop"}.get(name, "")
+        msg = ("stage %s was interrupted by %s (%s) while its command ran; the command was stopped "
+               "and the previous lock is kept" % (self.spec.name, name, why))
+        if left:
+            msg += ("; these processes of the run left its process group and still run: %s (the "
+                    "next run waits for them or refuses)" % describe(left))
+        return StageInterrupted(msg, changed=True, ran=True, interrupted_by=name,
+                                still_running=left, lock_file=self.files.lock)
 
     def _input_manifests(self, inputs: Dict[str, Any], hasher: Hasher) -> Dict[str, Dict[str, Any]]:
         """Per-file hashes of the tree deps and code paths (for the reasons of the next run)."""

@@ -147,6 +147,8 @@ options:
     description:
       - Seconds to wait for another run of the same stage to finish; 0 fails at once,
         naming the process holding the lock.
+      - Also how long to wait for processes left by an earlier run that was cut short
+        before failing with their pids (see the notes).
     type: float
     default: 0
   state_dir:
@@ -264,6 +266,16 @@ notes:
     reports whether the stage would run and why; diff mode shows the old and new lock summaries.
   - The command gets C(ML_STAGE_NAME), C(ML_STAGE_KEY) and C(ML_STAGE_PARAMS) in its environment.
   - Its stdout and stderr go to C(STATE_DIR/NAME.stdout.log) and C(.stderr.log).
+  - The command ends with the module. It runs in its own process group under a small
+    supervisor that stops the whole group (grandchildren too) when the module dies, SIGKILL
+    included. SIGHUP (the SSH connection dropped), SIGTERM or SIGINT to the module stop the
+    command (SIGTERM, SIGKILL after 10 s), end its MLflow run C(KILLED) and fail the task.
+  - A run in progress is recorded in C(STATE_DIR/NAME.running.json) and every process of it
+    carries C(ML_STAGE_RUN_TOKEN) in its environment. When a run was cut short, the next run
+    finds processes that escaped the group (a daemon, C(setsid)) by that token and waits for
+    them (O(lock_timeout)) or fails naming their pids, so two copies never write the same
+    outputs; then it ends the MLflow run the dead run left C(RUNNING) as C(KILLED), says so in
+    RV(interrupted_run) and a warning, and decides as usual (a cut-short run recorded no lock).
 seealso:
   - name: ml_stage guide
     description: docs/ml_stage.md in the collection (design, lock format, benchmark).
@@ -308,6 +320,26 @@ EXAMPLES = r'''
 '''
 
 RETURN = r'''
+interrupted_run:
+  description:
+    - What an earlier run of the stage that was cut short (the module killed) left, and what
+      this run did about it; null when there was none.
+    - C(mlflow) says what happened to its MLflow run (ended C(KILLED), already ended, or why
+      it was left); C(still_running) (check mode only) lists processes a real run would wait for.
+  returned: always
+  type: dict
+  sample: {started: "2026-11-30T19:52:01+0000", module_pid: 4242, pid: 4250, host: worker-0,
+           cmd: [python, train.py], mlflow_run_id: 0f3a..., mlflow: "run 0f3a... was RUNNING; ended KILLED"}
+interrupted_by:
+  description: On failure, the signal that interrupted the module while its command ran.
+  returned: when the module was interrupted
+  type: str
+  sample: SIGHUP
+pids:
+  description: On failure, processes of a cut-short earlier run that still run (nothing was started).
+  returned: when such processes block the stage
+  type: list
+  elements: int
 changed:
   description: True when the command ran (or outputs were reused); in check mode, when it would.
   returned: always
