@@ -56,6 +56,16 @@ def run_module_process(name: str, args: Dict[str, Any], check: bool = False,
     return result
 
 
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """One real `mlflow server` (sqlite) for the session: starting one costs 20-80 s here, and
+    tests keep apart by using experiments of their own names."""
+    from mlflow_server import Server  # imports nothing MLflow-related until a test asks
+    srv = Server(tmp_path_factory.mktemp("mlflow"))
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
 def run_module() -> Callable[..., Dict[str, Any]]:
     """run_module(name, args, check=False, diff=False) -> the module's result dict."""

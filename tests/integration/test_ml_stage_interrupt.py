@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 from conftest import ROOT, module_env, run_module_process
-from test_ml_stage_mlflow import Server
+from mlflow_server import Server
 
 pytestmark = pytest.mark.integration
 
@@ -71,11 +71,9 @@ def wait_until(what: str, predicate, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("mlflow-interrupt"))
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(mlflow_server: Server) -> Server:
+    return mlflow_server   # one server for the integration tier (tests/conftest.py)
 
 
 class Project:

@@ -10,21 +10,18 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import pytest
 
 from conftest import ROOT, run_module_process
+from mlflow_server import Server
 
 pytestmark = pytest.mark.integration
 
@@ -52,118 +49,9 @@ print("trained run", run_id)
 '''
 
 
-def _mlflow_bin() -> str:
-    for candidate in (Path(sys.executable).with_name("mlflow"), ROOT / ".venv" / "bin" / "mlflow"):
-        if candidate.exists():
-            return str(candidate)
-    found = shutil.which("mlflow")
-    if not found:
-        pytest.fail("the mlflow CLI is not installed: run `make setup` (requirements.txt pins mlflow)")
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.port = _free_port()
-        self.url = "http://127.0.0.1:%d" % self.port
-        cmd = [_mlflow_bin(), "server", "--host", "127.0.0.1", "--port", str(self.port),
-               "--backend-store-uri", "sqlite:///%s" % (tmp / "mlflow.db"),
-               "--artifacts-destination", str(tmp / "artifacts"), "--workers", "1"]
-        self.log = open(tmp / "server.log", "wb")
-        self.proc = subprocess.Popen(cmd, cwd=str(tmp), stdout=self.log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 240
-        while True:
-            if self.proc.poll() is not None:
-                self.stop()
-                pytest.fail("mlflow server exited with %s:\n%s" % (self.proc.returncode, self.log_tail()))
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                pytest.fail("mlflow server did not answer /health in 240 s:\n%s" % self.log_tail())
-            time.sleep(0.5)
-
-    def log_tail(self) -> str:
-        return (self.tmp / "server.log").read_text(errors="replace")[-3000:]
-
-    def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self.log.close()
-
-    # -- REST, independent of the module's own client ------------------------------------
-    def api(self, method: str, endpoint: str, body: Optional[Dict[str, Any]] = None,
-            query: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        url = "%s/api/2.0/%s" % (self.url, endpoint)
-        if query:
-            url += "?" + urllib.parse.urlencode(query)
-        req = urllib.request.Request(url, method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            raw = resp.read()
-        return json.loads(raw) if raw.strip() else {}
-
-    def experiment(self, name: str) -> Optional[str]:
-        try:
-            return self.api("GET", "mlflow/experiments/get-by-name",
-                            query={"experiment_name": name})["experiment"]["experiment_id"]
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
-
-    def runs(self, experiment: str) -> list:
-        exp = self.experiment(experiment)
-        if exp is None:
-            return []
-        return self.api("POST", "mlflow/runs/search", {"experiment_ids": [exp]}).get("runs", [])
-
-    def run(self, run_id: str) -> Dict[str, Any]:
-        run = self.api("GET", "mlflow/runs/get", query={"run_id": run_id})["run"]
-        data = run["data"]
-        return {"info": run["info"],
-                "tags": {t["key"]: t["value"] for t in data.get("tags", [])},
-                "params": {p["key"]: p["value"] for p in data.get("params", [])},
-                "metrics": {m["key"]: m["value"] for m in data.get("metrics", [])}}
-
-    def artifacts(self, run_id: str, path: str) -> list:
-        res = self.api("GET", "mlflow/artifacts/list", query={"run_id": run_id, "path": path})
-        return sorted(f["path"] for f in res.get("files", []))
-
-    def artifact(self, run_info: Dict[str, Any], path: str) -> bytes:
-        root = run_info["artifact_uri"].split("mlflow-artifacts:", 1)[1].lstrip("/")
-        with urllib.request.urlopen("%s/api/2.0/mlflow-artifacts/artifacts/%s/%s"
-                                    % (self.url, root, path), timeout=30) as resp:
-            return resp.read()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    srv = Server(tmp_path_factory.mktemp("mlflow"))
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(mlflow_server: Server) -> Server:
+    return mlflow_server   # one server for the integration tier (tests/conftest.py)
 
 
 def project(base: Path) -> Path:
@@ -266,7 +154,7 @@ def test_reuse_fetches_verified_outputs_instead_of_running(server: Server, tmp_p
     assert ml(stage(other, mlflow))["changed"] is False
 
     # a corrupted artifact is refused (hash check against the run's lock): it runs instead
-    weights = next((server.tmp / "artifacts").rglob("outs/model/weights.bin"))
+    weights = next((server.tmp / "artifacts").rglob(run_id + "/artifacts/outs/model/weights.bin"))
     weights.write_bytes(b"corrupted")
     third = project(tmp_path / "machine-c")
     res = ml(stage(third, mlflow))
