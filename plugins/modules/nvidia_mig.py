@@ -1,0 +1,435 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: nvidia_mig
+short_description: Declarative MIG mode and GPU-instance geometry of one NVIDIA GPU
+version_added: "0.2.0"
+description:
+  - Brings one GPU's Multi-Instance GPU (MIG) mode and its GPU instances (GIs) to the wanted
+    state, each GI with one compute instance (CI) spanning it, so that each GI is one MIG
+    device with its own UUID for C(CUDA_VISIBLE_DEVICES) and the Kubernetes device plugin.
+  - The request is checked against the GPU's own profile table (C(nvidia-smi mig -lgip)) and
+    placements (C(-lgipp)) before anything changes. An unknown profile, more instances of a
+    profile than the GPU allows, or a layout with no arrangement on the GPU's memory slices
+    (a placement search over each profile's allowed start slices) fails with the GPU's valid
+    profiles and a layout that fits (the largest part of the request that does).
+  - Existing instances (C(-lgi), C(-lci)) are compared with the request as a multiset of
+    profiles, in any order. Only the difference changes; the module keeps as many existing
+    instances as still leave room for the missing ones, destroys the others
+    (C(nvidia-smi mig -dci -gi ID), C(-dgi -gi ID)) and creates the missing ones in one call
+    with explicit placements (C(nvidia-smi mig -cgi PROFILE:START,... -C)).
+  - An instance that a process uses (the C(processes) of C(nvidia-smi -q -x), with their GPU
+    instance ids) is never destroyed unless I(force=true); the failure names each process
+    (pid and name).
+  - Changing the MIG mode runs C(nvidia-smi -i N -mig 1|0). When the driver leaves the change
+    pending until a GPU reset (typical in a passthrough VM, where the hypervisor may refuse a
+    reset), the module returns C(reset_required=true) instead of failing and changes no
+    geometry until the mode is effective. Reboot the VM (or reset the GPU) and run again.
+  - Every command is an argument list, never a shell string.
+options:
+  gpu:
+    description:
+      - The GPU, as nvidia-smi's index (C(0)), its UUID (C(GPU-...)) or its PCI bus id
+        (C(00000000:00:06.0), C(0000:00:06.0) or C(00:06.0)).
+    type: str
+    default: "0"
+  mig_mode:
+    description:
+      - C(enabled) or C(disabled). Disabling destroys every instance first (busy ones only
+        with I(force)).
+    type: str
+    choices: [enabled, disabled]
+    default: enabled
+  instances:
+    description:
+      - The wanted GPU instances, in any order. Omit to manage only I(mig_mode); an empty list
+        destroys every instance.
+      - Only with I(mig_mode=enabled).
+    type: list
+    elements: dict
+    suboptions:
+      profile:
+        description: GPU-instance profile by name (C(3g.71gb), C(MIG 3g.71gb)) or id (C(9)), as C(nvidia-smi mig -lgip) lists them.
+        type: str
+        required: true
+      count:
+        description: How many instances of this profile.
+        type: int
+        default: 1
+  force:
+    description:
+      - Destroy instances that processes use. The module sends those processes SIGTERM and
+        waits up to I(force_timeout) seconds for nvidia-smi to stop listing them; if one is
+        still there it fails before destroying anything.
+      - A process for which nvidia-smi reports no GPU instance id counts as using every instance.
+    type: bool
+    default: false
+  force_timeout:
+    description: Seconds to wait for the processes I(force) stops.
+    type: int
+    default: 30
+  nvidia_smi:
+    description: The nvidia-smi to run, a name looked up on PATH (and in /usr/local/nvidia/bin) or a path.
+    type: str
+    default: nvidia-smi
+notes:
+  - Supports check mode (nvidia-smi is only read; C(commands) lists what a real run would do)
+    and diff mode (the mode and the geometry before and after).
+  - In check mode, enabling MIG predicts the geometry as if the mode became effective at once;
+    the real run may instead return C(reset_required=true).
+  - Compute instances smaller than their GPU instance are not managed; a GI holding any other
+    set of CIs counts as not matching and is replaced (only with I(force) when it is busy).
+seealso:
+  - module: mlinfra.kvm.nvidia_device_plugin_config
+  - module: mlinfra.kvm.nvidia_smi_info
+author:
+  - mlinfra.kvm contributors
+'''
+
+EXAMPLES = r'''
+- name: One 3g, one 2g and two 1g instances on the H200
+  mlinfra.kvm.nvidia_mig:
+    gpu: "0"
+    mig_mode: enabled
+    instances:
+      - {profile: 3g.71gb}
+      - {profile: 2g.35gb}
+      - {profile: 1g.18gb, count: 2}
+  register: mig
+
+- name: Reboot when the mode change waits for a GPU reset (passthrough VM)
+  ansible.builtin.reboot:
+  when: mig.reset_required
+
+- name: Use the MIG devices
+  ansible.builtin.debug:
+    msg: "CUDA_VISIBLE_DEVICES={{ mig.cuda_visible_devices }}"
+
+- name: Back to a whole GPU, stopping whatever still runs on its instances
+  mlinfra.kvm.nvidia_mig:
+    gpu: GPU-a30f7539-3243-c96d-74d4-f3584a2d33e2
+    mig_mode: disabled
+    force: true
+'''
+
+RETURN = r'''
+gpu:
+  description: The selected GPU.
+  returned: always
+  type: dict
+  sample: {index: 0, uuid: GPU-a30f7539-3243-c96d-74d4-f3584a2d33e2, pci_bus_id: "00000000:00:06.0", name: NVIDIA H200}
+mig_mode:
+  description: MIG mode after the run (C(current), C(pending)); in check mode the predicted one.
+  returned: always
+  type: dict
+  sample: {current: enabled, pending: enabled}
+reset_required:
+  description: The wanted MIG mode is pending until the GPU is reset (reboot a passthrough VM); no geometry was changed.
+  returned: always
+  type: bool
+profiles:
+  description: The GPU's GPU-instance profiles (C(-lgip) joined with C(-lgipp)); empty when MIG is not wanted.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {id: 9, name: 3g.71gb, total: 2, free: 2, memory_gib: 69.75, placement_starts: [0, 4], placement_size: 4, compute_slices: 3}
+instances:
+  description:
+    - The GPU instances after the run, by placement; in check mode the planned ones have null ids and UUIDs.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {gpu_instance_id: 1, profile: 3g.71gb, profile_id: 9, placement: {start: 4, size: 4}, compute_instance_id: 0,
+       mig_device_index: 0, uuid: MIG-3b6c7b9e-8f0a-5d3c-9d62-0e1b2c3d4e5f}
+uuids:
+  description: The MIG device UUIDs, in the order of RV(instances).
+  returned: always
+  type: list
+  elements: str
+cuda_visible_devices:
+  description: RV(uuids) joined with commas, for C(CUDA_VISIBLE_DEVICES).
+  returned: always
+  type: str
+geometry:
+  description: The instances as C(profile@start:size), by placement.
+  returned: always
+  type: list
+  elements: str
+  sample: ["2g.35gb@0:2", "1g.18gb@2:1", "1g.18gb@3:1", "3g.71gb@4:4"]
+actions:
+  description: What the module did (or would do in check mode), in words.
+  returned: always
+  type: list
+  elements: str
+commands:
+  description: The nvidia-smi commands that change the GPU, as argument lists (not run in check mode).
+  returned: always
+  type: list
+  elements: list
+mig_mode_message:
+  description: nvidia-smi's answer to the mode change (empty when the mode was not changed).
+  returned: always
+  type: str
+'''
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._mig import (  # noqa: E402
+    GpuInstance, GpuRow, MigDevice, Plan, Process, Profile, canonical_bus_id, expand_request, geometry_labels,
+    layout_text, plan_geometry, planned_labels, validate_request)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._mig_service import MigService, resolve_binary  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run  # noqa: E402
+
+INSTANCE_SPEC: Dict[str, Any] = dict(profile=dict(type="str", required=True), count=dict(type="int", default=1))
+
+ARGUMENT_SPEC: Dict[str, Any] = dict(
+    gpu=dict(type="str", default="0"),
+    mig_mode=dict(type="str", default="enabled", choices=["enabled", "disabled"]),
+    instances=dict(type="list", elements="dict", options=INSTANCE_SPEC),
+    force=dict(type="bool", default=False),
+    force_timeout=dict(type="int", default=30),
+    nvidia_smi=dict(type="str", default="nvidia-smi"),
+)
+
+
+def select_gpu(value: Any, rows: Sequence[GpuRow]) -> GpuRow:
+    """The GPU ``value`` names: an index, a GPU UUID or a PCI bus id."""
+    text = str(value).strip()
+    listed = "; ".join("%d (%s, %s, %s)" % (r.index, r.name, r.uuid, r.pci_bus_id) for r in rows) or "none"
+    if text.upper().startswith("MIG-"):
+        raise InvalidInputError("gpu", value, "is a MIG device UUID", "name its parent GPU: %s" % listed)
+    if text.isdigit():
+        found = [r for r in rows if r.index == int(text)]
+    elif text.upper().startswith("GPU-"):
+        found = [r for r in rows if r.uuid.lower() == text.lower()]
+    else:
+        bus = canonical_bus_id(text)
+        if bus is None:
+            raise InvalidInputError("gpu", value, "is neither an index, a GPU UUID nor a PCI bus id",
+                                    "write e.g. 0, GPU-<uuid> or 00000000:00:06.0; GPUs here: %s" % listed)
+        found = [r for r in rows if canonical_bus_id(r.pci_bus_id) == bus]
+    if not found:
+        raise InvalidInputError("gpu", value, "matches none of the GPUs nvidia-smi lists", "use one of: %s" % listed)
+    return found[0]
+
+
+class MigRunner:
+    """Read, compare, act on the difference; check mode decides everything and runs nothing."""
+
+    def __init__(self, module: AnsibleModule, service: MigService) -> None:
+        self.module = module
+        self.service = service
+        self.params = module.params
+        self.check = module.check_mode
+        self.tracker = DifferenceTracker()
+        self.commands: List[List[str]] = []
+        self.mode_message = ""
+        self.label = ""
+        self.before: Dict[str, Any] = {}
+
+    def change(self, args: List[str], action: str) -> None:
+        """Record one changing nvidia-smi command; run it unless in check mode."""
+        self.commands.append([self.service.binary] + args)
+        self.tracker.action(action)
+        if not self.check:
+            output = self.service.run_change(args)
+            if "-mig" in args:
+                self.mode_message = output.strip()
+
+    def validate_params(self) -> None:
+        if self.params["instances"] is not None and self.params["mig_mode"] != "enabled":
+            raise InvalidInputError("instances", self.params["instances"], "is set while mig_mode is disabled",
+                                    "remove instances, or set mig_mode: enabled")
+        if self.params["force_timeout"] < 0:
+            raise InvalidInputError("force_timeout", self.params["force_timeout"], "is negative",
+                                    "give 0 or more seconds")
+
+    # -- the run ------------------------------------------------------------------------------------
+
+    def run(self) -> Dict[str, Any]:
+        self.validate_params()
+        gpu = select_gpu(self.params["gpu"], self.service.gpus())
+        self.label = "GPU %d (%s)" % (gpu.index, gpu.name)
+        want_enabled = self.params["mig_mode"] == "enabled"
+        if gpu.mig_current is None:
+            if want_enabled:
+                raise InvalidInputError("gpu", self.params["gpu"], "is %s, which has no MIG mode" % self.label,
+                                        "choose a MIG-capable GPU (A30, A100, H100, H200, B200) or set "
+                                        "mig_mode: disabled")
+            self.remember(gpu, [])
+            return self.result(gpu, [], [], [])
+        profiles = self.service.profiles(gpu.index) if want_enabled else []
+        wanted = self.wanted(profiles)  # a bad request fails here, before any change
+        existing, devices, processes = self.read_geometry(gpu)
+        self.remember(gpu, existing)
+        if want_enabled:
+            return self.enable(gpu, profiles, wanted, existing, devices, processes)
+        return self.disable(gpu, existing, devices, processes)
+
+    def remember(self, gpu: GpuRow, existing: List[GpuInstance]) -> None:
+        self.before = {"mig_mode": gpu.mig_current, "mig_mode_pending": gpu.mig_pending,
+                       "geometry": geometry_labels(existing)}
+
+    def wanted(self, profiles: List[Profile]) -> Optional[List[Profile]]:
+        instances = self.params["instances"]
+        if instances is None:
+            return None
+        wanted = expand_request("instances", instances, profiles, self.label)
+        validate_request("instances", instances, wanted, profiles, self.label)
+        return wanted
+
+    def read_geometry(self, gpu: GpuRow) -> Tuple[List[GpuInstance], List[MigDevice], List[Process]]:
+        if gpu.mig_current != "enabled":
+            return [], [], []
+        existing = self.service.instances(gpu.index)
+        devices, processes = self.service.devices_and_processes(gpu.index)
+        return existing, devices, processes
+
+    def enable(self, gpu: GpuRow, profiles: List[Profile], wanted: Optional[List[Profile]],
+               existing: List[GpuInstance], devices: List[MigDevice], processes: List[Process]) -> Dict[str, Any]:
+        if gpu.mig_current != "enabled" and gpu.mig_pending == "enabled":
+            return self.pending(gpu, profiles, "enabled")
+        if gpu.mig_pending != "enabled":
+            self.change(self.service.mode_args(gpu.index, True), "enable MIG mode on %s" % self.label)
+            if self.check:
+                gpu = gpu._replace(mig_current="enabled", mig_pending="enabled")
+            else:
+                gpu = self.service.gpu(gpu.index)
+                if gpu.mig_current != "enabled":
+                    if gpu.mig_pending == "enabled":
+                        return self.pending(gpu, profiles, "enabled")
+                    raise KvmError("%s: `nvidia-smi -mig 1` left MIG mode %s: %s"
+                                   % (self.label, gpu.mig_current, self.mode_message[-800:] or "no output"))
+                existing, devices, processes = self.read_geometry(gpu)
+        if wanted is None:
+            return self.result(gpu, profiles, existing, devices)
+        plan = plan_geometry(existing, wanted, profiles, processes, self.params["force"], self.label)
+        self.apply(gpu, plan)
+        if self.check:
+            return self.result(gpu, profiles, existing, devices, plan)
+        existing, devices, _ = self.read_geometry(gpu)
+        self.verify(wanted, existing)
+        return self.result(gpu, profiles, existing, devices)
+
+    def disable(self, gpu: GpuRow, existing: List[GpuInstance], devices: List[MigDevice],
+                processes: List[Process]) -> Dict[str, Any]:
+        if gpu.mig_current == "disabled" and gpu.mig_pending == "disabled":
+            return self.result(gpu, [], existing, devices)
+        if gpu.mig_current == "enabled" and gpu.mig_pending == "disabled":
+            # Asked for before; only a reset completes it.
+            return self.pending(gpu, [], "disabled", existing, devices)
+        if gpu.mig_current == "enabled":
+            # The instances go first: a GPU leaves MIG mode whole.
+            self.apply(gpu, plan_geometry(existing, [], [], processes, self.params["force"], self.label))
+        self.change(self.service.mode_args(gpu.index, False), "disable MIG mode on %s" % self.label)
+        if self.check:
+            return self.result(gpu._replace(mig_current="disabled", mig_pending="disabled"), [], [], [],
+                               Plan((), (), (), ()))
+        after = self.service.gpu(gpu.index)
+        if after.mig_current != "disabled":
+            if after.mig_pending == "disabled":
+                existing, devices, _ = self.read_geometry(after)
+                return self.pending(after, [], "disabled", existing, devices)
+            raise KvmError("%s: `nvidia-smi -mig 0` left MIG mode %s: %s"
+                           % (self.label, after.mig_current, self.mode_message[-800:] or "no output"))
+        return self.result(after, [], [], [])
+
+    def pending(self, gpu: GpuRow, profiles: List[Profile], mode: str,
+                existing: Sequence[GpuInstance] = (), devices: Sequence[MigDevice] = ()) -> Dict[str, Any]:
+        """The wanted mode waits for a GPU reset: say so, change no geometry."""
+        self.module.warn("%s: MIG mode %s is pending until the GPU is reset; no geometry was changed. In a "
+                         "passthrough VM reboot the VM (the hypervisor may refuse a GPU reset), then run again."
+                         % (self.label, mode))
+        return self.result(gpu, profiles, list(existing), list(devices), reset_required=True)
+
+    def apply(self, gpu: GpuRow, plan: Plan) -> None:
+        for proc in plan.stopped:
+            self.tracker.action("stop %s (force)" % proc.label())
+        if plan.stopped and not self.check:
+            self.service.stop_processes(gpu.index, plan.stopped, self.params["force_timeout"])
+        for gi in plan.destroy:
+            for args in self.service.destroy_args(gpu.index, gi):
+                what = "compute instances of GPU instance" if "-dci" in args else "GPU instance"
+                self.change(args, "destroy the %s %d (%s)" % (what, gi.id, gi.label()))
+        if plan.create:
+            self.change(self.service.create_args(gpu.index, plan.create),
+                        "create %s, each with one compute instance spanning it"
+                        % ", ".join("%s@%d:%d" % (p.name, start, p.size) for p, start in plan.create))
+
+    def verify(self, wanted: List[Profile], existing: List[GpuInstance]) -> None:
+        got = sorted(gi.name for gi in existing if gi.whole)
+        if got != sorted(p.name for p in wanted) or not all(gi.whole for gi in existing):
+            raise KvmError("%s: after the changes nvidia-smi lists %s, wanted %s"
+                           % (self.label, geometry_labels(existing) or "no instances",
+                              layout_text([p.name for p in wanted])))
+
+    # -- the result -----------------------------------------------------------------------------------
+
+    def result(self, after: GpuRow, profiles: List[Profile], existing: List[GpuInstance],
+               devices: List[MigDevice], plan: Optional[Plan] = None,
+               reset_required: bool = False) -> Dict[str, Any]:
+        instances = instance_views(plan, existing, devices)
+        geometry = planned_labels(plan) if plan is not None else geometry_labels(existing)
+        after_view = {"mig_mode": after.mig_current, "mig_mode_pending": after.mig_pending, "geometry": geometry}
+        self.tracker.add("mig_mode", self.before["mig_mode"], after_view["mig_mode"])
+        self.tracker.add("mig_mode_pending", self.before["mig_mode_pending"], after_view["mig_mode_pending"])
+        self.tracker.add("geometry", self.before["geometry"], geometry)
+        uuids = [item["uuid"] for item in instances if item["uuid"]]
+        return {
+            "changed": self.tracker.changed,
+            "gpu": {"index": after.index, "uuid": after.uuid, "pci_bus_id": after.pci_bus_id, "name": after.name},
+            "mig_mode": {"current": after.mig_current, "pending": after.mig_pending},
+            "reset_required": reset_required,
+            "profiles": [p.as_dict() for p in profiles],
+            "instances": instances,
+            "uuids": uuids,
+            "cuda_visible_devices": ",".join(uuids),
+            "geometry": geometry,
+            "actions": self.tracker.actions,
+            "commands": self.commands,
+            "mig_mode_message": self.mode_message,
+            "diff": {"before": self.before, "after": after_view},
+        }
+
+
+def instance_views(plan: Optional[Plan], existing: Sequence[GpuInstance],
+                   devices: Sequence[MigDevice]) -> List[Dict[str, Any]]:
+    """One dict per GI by placement; planned ones (check mode) carry no ids yet."""
+    by_pair = {(d.gi, d.ci): d for d in devices}
+    views: List[Tuple[int, Dict[str, Any]]] = []
+    for gi in (plan.keep if plan is not None else existing):
+        ci = gi.cis[0].id if gi.cis else None
+        device = by_pair.get((gi.id, ci)) if ci is not None else None
+        views.append((gi.start, {"gpu_instance_id": gi.id, "profile": gi.name, "profile_id": gi.profile_id,
+                                 "placement": {"start": gi.start, "size": gi.size}, "compute_instance_id": ci,
+                                 "mig_device_index": device.index if device else None,
+                                 "uuid": device.uuid if device else None}))
+    for profile, start in (plan.create if plan is not None else ()):
+        views.append((start, {"gpu_instance_id": None, "profile": profile.name, "profile_id": profile.id,
+                              "placement": {"start": start, "size": profile.size}, "compute_instance_id": None,
+                              "mig_device_index": None, "uuid": None}))
+    return [view for _, view in sorted(views, key=lambda pair: pair[0])]
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+
+    def runner() -> Dict[str, Any]:
+        service = MigService(module, resolve_binary(module, module.params["nvidia_smi"]))
+        return MigRunner(module, service).run()
+
+    run(module, runner)
+
+
+if __name__ == "__main__":
+    main()
