@@ -17,7 +17,7 @@ import yaml
 
 from conftest import ROOT
 
-ROLES = ["nvidia_driver", "cuda", "ml_runtime", "mlflow_server"]
+ROLES = ["nvidia_driver", "cuda", "ml_runtime", "mlflow_server", "nvidia_mps"]
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 
 
@@ -93,6 +93,7 @@ def test_syntax_check(tmp_path, role):
     ("mlflow_server", {"mlflow_server_port": "http"}, "mlflow_server_port"),
     ("nvidia_driver", {"nvidia_driver_allow_reboot": "perhaps"}, "nvidia_driver_allow_reboot"),
     ("cuda", {"cuda_source": "conda"}, "cuda_source"),
+    ("nvidia_mps", {"nvidia_mps_verify": "perhaps"}, "nvidia_mps_verify"),
 ])
 def test_argument_specs_refuse_bad_types(tmp_path, role, role_vars, needle):
     proc = run_playbook(play(tmp_path, role, role_vars), "--check", "--tags", "preflight")
