@@ -24,6 +24,10 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 from ._errors import ConflictError, InvalidInputError
 
 # The fields the module asks ``nvidia-smi --query-gpu`` for, in this order.
+# One GPU-instance request ({profile, count}): the argspec of every module that takes a
+# geometry (nvidia_mig, nvidia_device_plugin_config), so the declaration means the same in both.
+INSTANCE_SPEC: Dict[str, Any] = dict(profile=dict(type="str", required=True), count=dict(type="int", default=1))
+
 QUERY_FIELDS = ("index", "uuid", "pci.bus_id", "name", "mig.mode.current", "mig.mode.pending")
 
 

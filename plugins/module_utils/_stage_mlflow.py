@@ -67,7 +67,13 @@ class MlflowClient:
             self._ctx.check_hostname = False
             self._ctx.verify_mode = ssl.CERT_NONE
 
+    @classmethod
+    def for_stage(cls, m: Any) -> "MlflowClient":
+        """The client for a stage's ``mlflow`` option (a _stage_spec.MlflowSpec)."""
+        return cls(m.tracking_uri, m.username, m.password, m.token, m.timeout, m.validate_certs)
+
     # -- transport --------------------------------------------------------------------
+
     def _open(self, method: str, url: str, data: Any = None,
               headers: Optional[Dict[str, str]] = None, timeout: Optional[float] = None) -> Any:
         import urllib.error

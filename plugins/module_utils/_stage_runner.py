@@ -203,8 +203,7 @@ class StageRunner:
             return ("run %s on %s was left as it is (not this stage's tracking server now); end "
                     "it there by hand" % (run_id, uri))
         from ._stage_mlflow import MlflowClient, MlflowError
-        client = MlflowClient(m.tracking_uri, m.username, m.password, m.token, m.timeout,
-                              m.validate_certs)
+        client = MlflowClient.for_stage(m)
         try:
             status = client.get_run(run_id)["info"]["status"]
             if status not in ("RUNNING", "SCHEDULED"):

@@ -50,8 +50,7 @@ class StageTracker:
         self.files = files
         self.check = check_mode
         self.warn = warn
-        self.client: Optional[MlflowClient] = MlflowClient(
-            m.tracking_uri, m.username, m.password, m.token, m.timeout, m.validate_certs)
+        self.client: Optional[MlflowClient] = MlflowClient.for_stage(m)
         self.experiment_id: Optional[str] = None
         self.run_info: Optional[Dict[str, Any]] = None
 

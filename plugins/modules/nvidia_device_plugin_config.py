@@ -250,6 +250,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._device_plugin import 
     CONFIG_NAME, advertised, helm_values, mig_parted_config, plugin_config, profiles_from_option, to_yaml)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._mig import INSTANCE_SPEC  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import read_file, write_file_atomic  # noqa: E402
 
@@ -263,7 +264,6 @@ SECTION_SPEC: Dict[str, Any] = dict(
     fail_requests_greater_than_one=dict(type="bool"),
     resources=dict(type="list", elements="dict", required=True, options=RESOURCE_SPEC),
 )
-INSTANCE_SPEC: Dict[str, Any] = dict(profile=dict(type="str", required=True), count=dict(type="int", default=1))
 ARGUMENT_SPEC: Dict[str, Any] = dict(
     mig_strategy=dict(type="str", default="none", choices=["none", "single", "mixed"]),
     sharing=dict(type="dict", options=dict(time_slicing=dict(type="dict", options=SECTION_SPEC),

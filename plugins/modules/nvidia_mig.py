@@ -185,12 +185,11 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._mig import (  # noqa: E402
-    GpuInstance, GpuRow, MigDevice, Plan, Process, Profile, canonical_bus_id, expand_request, geometry_labels,
-    layout_text, plan_geometry, planned_labels, validate_request)
+    INSTANCE_SPEC, GpuInstance, GpuRow, MigDevice, Plan, Process, Profile, canonical_bus_id, expand_request,
+    geometry_labels, layout_text, plan_geometry, planned_labels, validate_request)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._mig_service import MigService, resolve_binary  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run  # noqa: E402
 
-INSTANCE_SPEC: Dict[str, Any] = dict(profile=dict(type="str", required=True), count=dict(type="int", default=1))
 
 ARGUMENT_SPEC: Dict[str, Any] = dict(
     gpu=dict(type="str", default="0"),
