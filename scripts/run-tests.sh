@@ -21,7 +21,21 @@ REPORT_DIR="$(realpath -m "${MLKVM_REPORT_DIR:-.cache/test-report}")"
 mkdir -p "$REPORT_DIR"
 export MLKVM_REPORT_DIR="$REPORT_DIR"   # the lab tier keeps its playbook logs there
 
-record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$REPORT_DIR/tiers.tsv"; }
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >> "$REPORT_DIR/tiers.tsv"; }
+
+# The machine's CPU time so far, busy and idle (/proc/stat jiffies, every core): how busy the
+# machine was during a tier says whether running something beside it could save time.
+cpu_sample() {
+  local _cpu user nice system idle iowait irq softirq steal _rest
+  read -r _cpu user nice system idle iowait irq softirq steal _rest < /proc/stat
+  echo "$(( user + nice + system + irq + softirq + steal )) $(( idle + iowait ))"
+}
+busy_percent() {  # busy_percent "BUSY0 IDLE0" "BUSY1 IDLE1"
+  local b0 i0 b1 i1
+  read -r b0 i0 <<<"$1"; read -r b1 i1 <<<"$2"
+  local total=$(( (b1 - b0) + (i1 - i0) ))
+  [ "$total" -gt 0 ] && echo $(( 100 * (b1 - b0) / total )) || echo ""
+}
 
 prebuild_pid=""
 stop_prebuild() {
@@ -57,14 +71,16 @@ if [ "${MLKVM_PREBUILD:-1}" != 0 ] && [ "$fast_first" = 1 ] && [ "${#guest_tiers
 fi
 
 run_tier() {  # run_tier TIER: one pytest session; records its wall time; returns its status
-  local tier=$1 start rc elapsed
+  local tier=$1 start rc elapsed cpu0 busy
   echo "=== tier: $tier ($(date -u +%H:%M:%S))"
   start=$(date +%s)
+  cpu0=$(cpu_sample)
   .venv/bin/pytest -m "$tier" --junitxml="$REPORT_DIR/junit-$tier.xml" -o junit_family=xunit2 ${PYTEST_ARGS:-}
   rc=$?
   elapsed=$(( $(date +%s) - start ))
-  echo "=== tier: $tier finished rc=$rc in $elapsed s"
-  record "$tier" "$elapsed" "$rc"
+  busy=$(busy_percent "$cpu0" "$(cpu_sample)")
+  echo "=== tier: $tier finished rc=$rc in $elapsed s (machine CPU ${busy:-?}% busy meanwhile)"
+  record "$tier" "$elapsed" "$rc" "$busy"
   return $rc
 }
 

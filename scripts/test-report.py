@@ -20,14 +20,16 @@ def minutes(seconds: float) -> str:
     return "%d min %02d s" % divmod(int(round(seconds)), 60)
 
 
-def read_tiers(report: Path) -> List[Tuple[str, float, int]]:
+def read_tiers(report: Path) -> List[Tuple[str, float, int, str]]:
+    """(tier, seconds, exit status, machine CPU busy % meanwhile or '') per line of tiers.tsv."""
     rows = []
     tsv = report / "tiers.tsv"
     if tsv.is_file():
         for line in tsv.read_text().splitlines():
             parts = line.split("\t")
-            if len(parts) == 3:
-                rows.append((parts[0], float(parts[1]), int(parts[2])))
+            if len(parts) in (3, 4):
+                busy = parts[3] if len(parts) == 4 and parts[3] else ""
+                rows.append((parts[0], float(parts[1]), int(parts[2]), busy))
     return rows
 
 
@@ -61,14 +63,16 @@ def main() -> int:
     report = Path(args.report)
 
     print("\n## Test run: wall time per tier\n")
-    print("| tier | wall time | result |")
-    print("| --- | --- | --- |")
+    # CPU busy: the whole machine's, all cores, while the tier ran (tiers side by side share it).
+    print("| tier | wall time | result | machine CPU busy |")
+    print("| --- | --- | --- | --- |")
     if args.setup_seconds is not None:
-        print("| set-up (apt, venv, libvirtd) | %s | |" % minutes(args.setup_seconds))
-    for tier, seconds, rc in read_tiers(report):
-        print("| %s | %s | %s |" % (tier, minutes(seconds), "passed" if rc == 0 else "FAILED (rc %d)" % rc))
+        print("| set-up (apt, venv, libvirtd) | %s | | |" % minutes(args.setup_seconds))
+    for tier, seconds, rc, busy in read_tiers(report):
+        print("| %s | %s | %s | %s |" % (tier, minutes(seconds), "passed" if rc == 0 else "FAILED (rc %d)" % rc,
+                                         busy + " %" if busy else ""))
     if args.total_seconds is not None:
-        print("| **total** | **%s** | |" % minutes(args.total_seconds))
+        print("| **total** | **%s** | | |" % minutes(args.total_seconds))
 
     print("\n## Ten slowest tests (set-up and teardown included)\n")
     print("| time | tier | test | result |")
