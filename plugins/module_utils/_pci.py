@@ -14,19 +14,20 @@ Decisions worth knowing:
   can turn the IOMMU on by default (Debian) or have it disabled in firmware despite them.
 * Passthrough viability follows the kernel's vfio rule: every *endpoint* of the group must be
   bound to vfio-pci (or pci-stub) or to no driver; bridges (class 0x06) are ignored.
-* "In use" is measured, not guessed: an open device node of the device (``/dev/dri/card0``,
-  ``/dev/snd/...``, ``/dev/nvidiaN``) held by a process, a network interface that is up, or
-  a block device that is mounted or used as swap.
+* "In use" is measured, not guessed (:mod:`._host_usage`): an open device node of the device
+  (``/dev/dri/card0``, ``/dev/snd/...``, ``/dev/nvidiaN``) held by a process, a network
+  interface that carries routes or addresses (or is up), or a block device anywhere below the
+  function that is mounted, used as swap or held by LVM/device-mapper/md.
 """
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional
 
+from ._host_usage import PCI_ADDRESS_RE, HostUsage, Use
 from ._sysfs import Roots, cmdline_args, cpu_vendor, is_virtual_machine, link_name, list_dir, read_attr, read_file
 
-PCI_ADDRESS_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 VENDOR_DEVICE_RE = re.compile(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{4})$")
 
 VFIO_DRIVERS = ("vfio-pci", "pci-stub")
@@ -70,8 +71,7 @@ class PciScanner:
 
     def __init__(self, roots: Roots) -> None:
         self.roots = roots
-        self._open_nodes: Optional[Set[str]] = None
-        self._mounted: Optional[Set[str]] = None
+        self.host_usage = HostUsage(roots)
 
     # -- devices ------------------------------------------------------------------------
     def device_dir(self, address: str) -> str:
@@ -205,68 +205,25 @@ class PciScanner:
                 "iommu: auto) and reboot" % self.iommu_argument())
 
     # -- use of a device ------------------------------------------------------------------
-    def device_nodes(self, address: str) -> List[str]:
-        """/dev paths that belong to the device: DEVNAME of its class devices (drm, sound,
-        block...), and /dev/nvidiaN for NVIDIA's driver, which registers no class device."""
-        base = self.device_dir(address)
-        nodes: Set[str] = set()
-        for top, dirs, files in os.walk(base, followlinks=False):
-            # Child PCI functions behind a bridge are devices of their own: do not descend.
-            dirs[:] = [d for d in dirs if not PCI_ADDRESS_RE.match(d)]
-            if top.count(os.sep) - base.count(os.sep) > 4:
-                dirs[:] = []
-            if "uevent" in files and top != base:
-                for line in (read_file(os.path.join(top, "uevent")) or "").splitlines():
-                    if line.startswith("DEVNAME="):
-                        nodes.add("/dev/" + line.split("=", 1)[1])
+    def nvidia_nodes(self, address: str) -> List[str]:
+        """/dev/nvidiaN: NVIDIA's driver registers no class device, its procfs entry names the minor."""
         info = read_file(self.roots.proc("driver", "nvidia", "gpus", address, "information")) or ""
         match = re.search(r"^Device Minor:\s*(\d+)", info, re.MULTILINE)
-        if match:
-            nodes.add("/dev/nvidia%s" % match.group(1))
-        return sorted(nodes)
+        return ["/dev/nvidia%s" % match.group(1)] if match else []
 
-    def open_nodes(self) -> Set[str]:
-        """Every path some process holds open (the /proc/<pid>/fd links), read once."""
-        if self._open_nodes is None:
-            held: Set[str] = set()
-            for pid in list_dir(self.roots.proc_root):
-                if not pid.isdigit():
-                    continue
-                fd_dir = self.roots.proc(pid, "fd")
-                for fd in list_dir(fd_dir):
-                    try:
-                        held.add(os.readlink(os.path.join(fd_dir, fd)))
-                    except OSError:
-                        continue
-            self._open_nodes = held
-        return self._open_nodes
+    def device_nodes(self, address: str) -> List[str]:
+        """/dev paths that belong to the device: DEVNAME of its class devices (drm, sound,
+        block...) anywhere below it, and /dev/nvidiaN for NVIDIA's driver."""
+        found = self.host_usage.scan(self.device_dir(address))
+        return sorted(set(found.nodes) | set(self.nvidia_nodes(address)))
 
-    def mounted_sources(self) -> Set[str]:
-        if self._mounted is None:
-            sources: Set[str] = set()
-            for name in ("mounts", "swaps"):
-                for line in (read_file(self.roots.proc(name)) or "").splitlines():
-                    fields = line.split()
-                    if fields and fields[0].startswith("/dev/"):
-                        sources.add(fields[0])
-            self._mounted = sources
-        return self._mounted
+    def usage_details(self, address: str) -> List[Use]:
+        """Why the host uses the device right now, each with whether force may override it."""
+        return self.host_usage.uses(self.device_dir(address), self.nvidia_nodes(address))
 
     def usage(self, address: str) -> List[str]:
         """Why the device is in use right now (empty: nobody holds it)."""
-        reasons: List[str] = []
-        nodes = self.device_nodes(address)
-        held = self.open_nodes()
-        for node in nodes:
-            if node in held:
-                reasons.append("%s is open by a process" % node)
-            if node in self.mounted_sources():
-                reasons.append("%s is mounted or used as swap" % node)
-        base = self.device_dir(address)
-        for iface in list_dir(os.path.join(base, "net")):
-            if read_attr(os.path.join(base, "net", iface, "operstate")) == "up":
-                reasons.append("network interface %s is up" % iface)
-        return reasons
+        return [use.reason for use in self.usage_details(address)]
 
     # -- passthrough --------------------------------------------------------------------
     def passthrough(self, address: str, devices: Dict[str, Dict[str, Any]], iommu: Dict[str, Any]) -> Dict[str, Any]:

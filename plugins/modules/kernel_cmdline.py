@@ -14,6 +14,11 @@ description:
   - On Debian and Ubuntu it writes a drop-in C(<etc_root>/default/grub.d/<name>.cfg) that appends the
     arguments to C(GRUB_CMDLINE_LINUX_DEFAULT), then runs C(update-grub), only when the drop-in changed.
     The drop-in holds exactly the arguments of the task; use one I(name) per concern.
+  - A failed C(update-grub) is not forgotten. A marker C(<etc_root>/default/grub.d/.<name>.update-grub-pending)
+    (not a C(.cfg), so GRUB never reads it) is written before the drop-in and removed only once the
+    command succeeded; while it exists every run (check mode included) plans C(update-grub) again and
+    reports C(changed). The failing run itself reports failed with C(changed=true), the C(commands)
+    it ran and what it wrote.
   - On EL (RHEL, Rocky, Alma, Fedora) it runs C(grubby --update-kernel=ALL --args=...) or
     C(--remove-args=...) when a kernel lacks (or still has) an argument.
   - Returns C(reboot_required) by comparing the wanted arguments with the running kernel's
@@ -139,6 +144,7 @@ commands:
   elements: list
 '''
 
+import os
 from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
@@ -152,6 +158,8 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import (
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
 
 IOMMU_ARGS = {"intel": "intel_iommu=on", "amd": "amd_iommu=on"}
+PENDING_NOTE = ("# Written by mlinfra.kvm.kernel_cmdline: the GRUB drop-in changed and `%s` has not succeeded "
+                "since.\n# The next run of the task runs it again and removes this file.\n")
 
 
 class CmdlineService:
@@ -259,13 +267,45 @@ class CmdlineRunner:
             concerned = args or had
         result["path"] = path
         result["diff"] = {"before": before or "", "after": after or "", "before_header": path, "after_header": path}
-        if self.tracker.add(path, before, after):
+        changed = self.tracker.add(path, before, after)
+        if changed:
             self.tracker.action("%s %s" % ("remove" if after is None else "write", path))
-            self.commands.append(list(self.params["update_grub_command"]))
-            if not self.module.check_mode:
-                self.service.write(path, after)
-                self.service.run_command(list(self.params["update_grub_command"]))
+        if changed or self.regeneration_pending(name):
+            self.regenerate(name, path, after, changed)
         return concerned
+
+    def pending_marker(self, name: str) -> str:
+        """Exists while update-grub is owed for the drop-in (written before the drop-in,
+        removed after the command succeeded), so a failed update-grub is retried by the next
+        run. grub-mkconfig sources only *.cfg files, so the marker never reaches GRUB."""
+        return self.service.roots.etc("default", "grub.d", ".%s.update-grub-pending" % name)
+
+    def regeneration_pending(self, name: str) -> bool:
+        return os.path.exists(self.pending_marker(name))
+
+    def regenerate(self, name: str, path: str, after: Optional[str], changed: bool) -> None:
+        """Write the drop-in (when it changed) and run update-grub, remembering the debt."""
+        command = list(self.params["update_grub_command"])
+        marker = self.pending_marker(name)
+        if not changed:
+            self.tracker.action("run %s again: it failed after %s last changed (%s)"
+                                % (" ".join(command), path, marker))
+        self.commands.append(command)
+        if self.module.check_mode:
+            return
+        try:
+            self.service.write(marker, PENDING_NOTE % " ".join(command))
+            if changed:
+                self.service.write(path, after)
+            self.service.run_command(command)
+            self.service.write(marker, None)
+        except KvmError as err:
+            if os.path.exists(marker):
+                err.msg += ("; %s is %s but grub.cfg is not regenerated: the next run of this task runs %s again"
+                            % (path, "removed" if after is None else "written", " ".join(command)))
+            err.details.setdefault("changed", True)
+            err.details.setdefault("commands", self.commands)
+            raise
 
     # -- EL -------------------------------------------------------------------------------
     def grubby(self, args: List[str], present: bool, result: Dict[str, Any]) -> List[str]:

@@ -34,8 +34,10 @@ options:
     default: false
   check_usage:
     description:
-      - Also report, per GPU, whether it is in use (an open device node, an interface that is
-        up, a mounted block device). Scans C(/proc/*/fd).
+      - Also report, per GPU, whether the host uses it, as M(mlinfra.kvm.vfio_pci) judges before
+        it takes a device: an open device node, a network interface anywhere in the function's
+        sysfs subtree that is up or carries a route, a block device there (at any depth, and
+        through LVM/device-mapper/md holders) that is mounted or swapped on. Scans C(/proc/*/fd).
     type: bool
     default: true
 notes:

@@ -14,10 +14,30 @@ description:
     C(options vfio-pci ids=...) and C(softdep <driver> pre vfio-pci) lines so vfio-pci wins
     over nvidia, nouveau, snd_hda_intel...; the vfio modules in the initramfs; then
     C(update-initramfs -u) or C(dracut -f), only when a file changed).
+  - A failed initramfs rebuild is not forgotten. A marker
+    C(<etc_root>/modprobe.d/.<conf_name>.initramfs-pending) is written before the files and
+    removed only once the command succeeded; while it exists every run (check mode included)
+    plans the rebuild again and reports C(changed). The failing run itself reports failed with
+    C(changed=true).
   - Binds a whole IOMMU group or nothing; a request that leaves another endpoint of a group
     out is refused, naming it (bridges are ignored, as vfio ignores them).
-  - Safe by default. Refuses the boot VGA device and a device in use (an open device node, an
-    interface that is up, a mounted disk) unless I(force=true).
+  - Safe by default, it never takes a device the host needs. The whole sysfs subtree of each
+    device is searched (symlinks are not followed, the walk is bounded), so interfaces below a
+    child device (virtio-net's C(virtio0/net/eth0)) and disks and partitions deep below a
+    controller (AHCI, SCSI, NVMe) are found; stacked block devices (LVM, dm-crypt, md) are
+    followed through C(/sys/class/block/<dev>/holders), transitively.
+  - A device is in use when it is the boot VGA device, one of its device nodes is open by a
+    process, one of its disks, partitions or their holders is mounted (C(<proc_root>/self/mountinfo)
+    by major:minor and source, C(/dev/mapper/<name>) included; else C(<proc_root>/mounts)), used
+    as swap (C(<proc_root>/swaps)) or held by another block device, or one of its network
+    interfaces (or the bridge or bond it is a port of) carries a route
+    (C(<proc_root>/net/route), C(<proc_root>/net/ipv6_route); link-local and multicast routes
+    do not count) or a global IPv6 address (C(<proc_root>/net/if_inet6)), or is up.
+    The refusal names the device, each use (C(eth0 carries the default route),
+    C(dm-0 (vg-root) is mounted at /)) and the fix, and changes nothing; check mode refuses the same way.
+  - I(force=true) takes a device in use anyway, with a warning, except a disk under the host's own
+    filesystems (mounted at C(/), C(/usr), C(/var), C(/etc), C(/boot) or C(/boot/efi)), which
+    is refused even with I(force).
   - Refuses when the IOMMU is off, naming the kernel argument (C(intel_iommu=on) or
     C(amd_iommu=on)) and the reboot that are missing (see M(mlinfra.kvm.kernel_cmdline)).
   - C(state=absent) hands the devices back to their host driver (clears driver_override,
@@ -36,7 +56,9 @@ options:
     choices: [present, absent]
     default: present
   force:
-    description: Also bind the boot VGA device and devices in use.
+    description:
+      - Also bind the boot VGA device and devices in use (warns, naming each use).
+      - Never overrides a disk mounted at C(/), C(/usr), C(/var), C(/etc), C(/boot) or C(/boot/efi).
     type: bool
     default: false
   bind_now:
@@ -93,7 +115,9 @@ options:
     type: path
     default: /sys
   proc_root:
-    description: Where procfs is mounted.
+    description:
+      - Where procfs is mounted (C(self/mountinfo), C(mounts), C(swaps), C(net/route),
+        C(net/ipv6_route), C(net/if_inet6), C(<pid>/fd) are read).
     type: path
     default: /proc
   etc_root:
@@ -152,6 +176,14 @@ reboot_required:
   description: True when only the boot configuration changed (I(bind_now=false)), so the binding starts with the next boot.
   returned: always
   type: bool
+in_use:
+  description: On a refusal for a device the host uses, each use found.
+  returned: failure
+  type: list
+  elements: str
+  sample:
+    - sda2 is held by dm-0 (vg-root)
+    - dm-0 (vg-root) is mounted at / (a filesystem the host itself runs from)
 actions:
   description: What was done (or would be, in check mode).
   returned: always
@@ -169,12 +201,15 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils import _pci_vfio as pe
 from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host_usage import Use
 from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import VENDOR_DEVICE_RE, VFIO_DRIVERS, PciScanner
 from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import (
     ROOTS_ARGSPEC, Roots, read_file, remove_file, write_attr, write_file_atomic)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name, pci_address
 
 VFIO = "vfio-pci"
+PENDING_NOTE = ("# Written by mlinfra.kvm.vfio_pci: the vfio-pci boot configuration changed and `%s` has not "
+                "succeeded since.\n# The next run of the task runs it again and removes this file.\n")
 
 
 class VfioService:
@@ -311,20 +346,31 @@ class VfioRunner:
                     address=address, missing=missing)
 
     def check_safety(self, addresses: List[str], devices: Dict[str, Dict[str, Any]]) -> None:
+        """Refuse a device the host needs; force overrides all but a disk under the host's own
+        filesystems (/, /usr, /boot...), whose loss would crash the host mid-run."""
         for address in addresses:
             info = devices[address]
             if info["driver"] in VFIO_DRIVERS:
                 continue
-            problems = []
+            uses = self.scanner.usage_details(address)
             if info["boot_vga"]:
-                problems.append("it is the boot VGA device (the host console)")
-            problems.extend(self.scanner.usage(address))
-            if not problems:
+                uses.insert(0, Use("it is the boot VGA device (the host console)"))
+            if not uses:
                 continue
+            reasons = "; ".join(u.reason for u in uses)
+            if any(u.critical for u in uses):
+                # All reasons, not only the critical one: the chain (partition, LVM, mount) is the story.
+                raise ConflictError(
+                    "refusing to take %s (%s) from the host, even with force: %s; pick another device (the host "
+                    "cannot give away the disk it runs from)" % (address, info["id"], reasons),
+                    address=address, in_use=[u.reason for u in uses])
             if not self.params["force"]:
-                raise ConflictError("refusing to take %s (%s) from the host: %s; set force: true to take it anyway"
-                                    % (address, info["id"], "; ".join(problems)), address=address)
-            self.module.warn("force: taking %s although %s" % (address, "; ".join(problems)))
+                raise ConflictError(
+                    "refusing to take %s (%s) from the host: %s; pick another device or free it first (unmount, "
+                    "swapoff, remove it from LVM/dm, take the address and routes off the interface, close the "
+                    "device), or set force: true to take it anyway" % (address, info["id"], reasons),
+                    address=address, in_use=[u.reason for u in uses])
+            self.module.warn("force: taking %s although %s" % (address, reasons))
 
     def check_same_ids(self, addresses: List[str], devices: Dict[str, Dict[str, Any]]) -> None:
         """`ids=` takes every device with these ids at boot: refuse to take more than asked."""
@@ -433,22 +479,27 @@ class VfioRunner:
                 entries, softdeps = self.remaining_entries(addresses, devices)
             desired = self.desired_files(entries, softdeps)
             files_changed = self.plan_files(desired)
-        rebuild = any(files_changed.values()) and self.initramfs_kind() != "none"
-        if rebuild:
-            self.tracker.action("run %s" % " ".join(self.initramfs_command()))
+        rebuild = self.plan_rebuild(any(files_changed.values()))
 
         after_drivers = {a: devices[a]["driver"] for a in addresses}
         if not self.module.check_mode:
             try:
                 after_drivers = self.apply_runtime(to_change, present, after_drivers)
+                if rebuild:
+                    # Before the files: whatever fails from here on, the next run rebuilds.
+                    self.service.write(self.pending_marker(), PENDING_NOTE % " ".join(self.initramfs_command()))
                 for path, changed in files_changed.items():
                     if changed:
                         self.service.write(path, desired[path])
                 if rebuild:
                     self.service.run_command(self.initramfs_command())
+                    self.service.write(self.pending_marker(), None)
             except KvmError as err:
                 # Something was already done (a device rebound, a file written): say so.
-                err.details.setdefault("changed", bool(to_change or any(files_changed.values())))
+                if rebuild and os.path.exists(self.pending_marker()):
+                    err.msg += ("; the boot configuration is written but the initramfs is not rebuilt: "
+                                "the next run of this task runs %s again" % " ".join(self.initramfs_command()))
+                err.details.setdefault("changed", bool(to_change or any(files_changed.values()) or rebuild))
                 err.details.setdefault("drivers", {a: self.scanner.driver(a) for a in addresses})
                 raise
         else:
@@ -457,6 +508,31 @@ class VfioRunner:
 
         before_drivers = {a: devices[a]["driver"] for a in addresses}
         return self.result(addresses, devices, before_drivers, after_drivers, files_changed, desired, rebuild)
+
+    def pending_marker(self) -> str:
+        """Exists while an initramfs rebuild is owed (written before the persistent files,
+        removed after the command succeeded), so a failed rebuild is retried by the next run
+        instead of leaving an old initramfs behind an unchanged file. modprobe.d reads only
+        *.conf files, so the marker never configures anything."""
+        return self.service.roots.etc("modprobe.d", ".%s.initramfs-pending" % self.params["conf_name"])
+
+    def plan_rebuild(self, files_changed: bool) -> bool:
+        """Rebuild when a persistent file changes now or an earlier rebuild failed."""
+        pending = os.path.exists(self.pending_marker())
+        if pending and (not self.params["persistent"] or self.initramfs_kind() == "none"):
+            self.module.warn("an earlier initramfs rebuild failed (%s exists) and this task does not rebuild it: "
+                             "run it with persistent: true and an initramfs tool, or rebuild the initramfs by hand "
+                             "and remove the file" % self.pending_marker())
+            return False
+        if self.initramfs_kind() == "none" or not (files_changed or pending):
+            return False
+        command = " ".join(self.initramfs_command())
+        if files_changed:
+            self.tracker.action("run %s" % command)
+        else:
+            self.tracker.action("run %s again: it failed after the boot configuration last changed (%s)"
+                                % (command, self.pending_marker()))
+        return True
 
     def plan_runtime(self, addresses: List[str], devices: Dict[str, Dict[str, Any]], present: bool) -> List[str]:
         if not self.params["bind_now"]:

@@ -13,11 +13,14 @@ kernel would, and logs every write it consumed.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 CPU_FLAGS = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge"
 
@@ -122,10 +125,111 @@ class SysfsTree:
         path.mkdir(parents=True, exist_ok=True)
         (path / "uevent").write_text("MAJOR=226\nMINOR=0\nDEVNAME=%s\n" % devname)
 
-    def add_netdev(self, address: str, name: str, operstate: str = "up") -> None:
-        path = self.device_path(address) / "net" / name
+    def add_netdev(self, address: str, name: str, operstate: str = "up", under: str = "",
+                   master: Optional[str] = None) -> Path:
+        """A network interface below the PCI device, optionally below a child device
+        (``under="virtio0"``, as virtio-net does), with its /sys/class/net link."""
+        path = self.device_path(address) / under / "net" / name
         path.mkdir(parents=True, exist_ok=True)
         (path / "operstate").write_text(operstate + "\n")
+        (path / "uevent").write_text("INTERFACE=%s\nIFINDEX=%d\n" % (name, 2 + len(self._listing("class/net"))))
+        self._class_link("net", name, path)
+        if master:
+            os.symlink(os.path.relpath(str(self.sys / "devices" / "virtual" / "net" / master), str(path)),
+                       str(path / "master"))
+        return path
+
+    def add_virtual_netdev(self, name: str, operstate: str = "up") -> Path:
+        """A bridge or bond (no PCI device of its own) under /sys/devices/virtual/net."""
+        path = self.sys / "devices" / "virtual" / "net" / name
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "operstate").write_text(operstate + "\n")
+        self._class_link("net", name, path)
+        return path
+
+    # -- block devices ------------------------------------------------------------------
+    def add_disk(self, address: str, under: str, name: str, majmin: str,
+                 partitions: Tuple[Tuple[str, str], ...] = ()) -> Path:
+        """A disk below the PCI device at ``under`` (``ata1/host0/target0:0:0/0:0:0:0/block``,
+        ``nvme/nvme0``), with its partitions, class/block links and /sys/block link."""
+        path = self.device_path(address) / under / name
+        self._block_dir(path, name, majmin, "disk")
+        for part, part_majmin in partitions:
+            self._block_dir(path / part, part, part_majmin, "partition")
+            (path / part / "partition").write_text("%s\n" % part_majmin.split(":")[1])
+        (self.sys / "block").mkdir(exist_ok=True)
+        os.symlink(os.path.relpath(str(path), str(self.sys / "block")), str(self.sys / "block" / name))
+        return path
+
+    def add_dm(self, name: str, dm_name: str, majmin: str, slaves: Tuple[str, ...]) -> Path:
+        """A device-mapper device (LVM volume, dm-crypt) stacked on ``slaves``: the kernel
+        lists it under each slave's holders/ and names it in dm/name."""
+        path = self.sys / "devices" / "virtual" / "block" / name
+        self._block_dir(path, name, majmin, "disk")
+        (path / "dm").mkdir()
+        (path / "dm" / "name").write_text(dm_name + "\n")
+        (path / "slaves").mkdir()
+        for slave in slaves:
+            slave_dir = Path(os.path.realpath(str(self.sys / "class" / "block" / slave)))
+            os.symlink(os.path.relpath(str(path), str(slave_dir / "holders")), str(slave_dir / "holders" / name))
+            os.symlink(os.path.relpath(str(slave_dir), str(path / "slaves")), str(path / "slaves" / slave))
+        (self.sys / "block").mkdir(exist_ok=True)
+        os.symlink(os.path.relpath(str(path), str(self.sys / "block")), str(self.sys / "block" / name))
+        return path
+
+    def _block_dir(self, path: Path, name: str, majmin: str, devtype: str) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "holders").mkdir(exist_ok=True)
+        major, minor = majmin.split(":")
+        (path / "dev").write_text(majmin + "\n")
+        (path / "uevent").write_text("MAJOR=%s\nMINOR=%s\nDEVNAME=%s\nDEVTYPE=%s\n" % (major, minor, name, devtype))
+        self._class_link("block", name, path)
+        # The loop a walk that followed links would never leave: subsystem -> class/block -> the device.
+        os.symlink(os.path.relpath(str(self.sys / "class" / "block"), str(path)), str(path / "subsystem"))
+
+    def _class_link(self, cls: str, name: str, target: Path) -> None:
+        directory = self.sys / "class" / cls
+        directory.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(str(target), str(directory)), str(directory / name))
+
+    def _listing(self, rel: str) -> List[str]:
+        path = self.sys / rel
+        return sorted(os.listdir(str(path))) if path.is_dir() else []
+
+    # -- procfs: mounts, swap, routes -----------------------------------------------------
+    def mountinfo(self, mounts: List[Tuple[str, str, str]]) -> None:
+        """/proc/self/mountinfo from (major:minor, source, mount point) triples."""
+        lines = ["%d 1 %s / %s rw,relatime shared:1 - ext4 %s rw" % (20 + n, majmin, target, source)
+                 for n, (majmin, source, target) in enumerate(mounts)]
+        (self.proc / "self").mkdir(exist_ok=True)
+        (self.proc / "self" / "mountinfo").write_text("".join(line + "\n" for line in lines))
+
+    def swaps(self, devices: List[str]) -> None:
+        text = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+        text += "".join("%s\tpartition\t1048572\t\t0\t\t-2\n" % d for d in devices)
+        (self.proc / "swaps").write_text(text)
+
+    def routes(self, v4: Sequence[Tuple[str, str, int]] = (), v6: Sequence[Tuple[str, str, int]] = (),
+               v6_addresses: Sequence[Tuple[str, str, int, str]] = ()) -> None:
+        """/proc/net/route, ipv6_route and if_inet6 as the kernel writes them, from
+        (iface, destination, prefix length) and (iface, address, prefix length, scope hex)."""
+        net = self.proc / "net"
+        net.mkdir(exist_ok=True)
+        rows = ["Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT"]
+        for iface, dest, prefix in v4:
+            mask = (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF if prefix else 0
+            native = lambda packed: "%08X" % struct.unpack("=I", packed)[0]  # noqa: E731 - the kernel prints a u32
+            rows.append("%s\t%s\t00000000\t0001\t0\t0\t0\t%s\t0\t0\t0"
+                        % (iface, native(socket.inet_aton(dest)), native(struct.pack(">I", mask))))
+        (net / "route").write_text("\n".join(rows) + "\n")
+        v6rows = ["%s %02x %s 00 %s 00000100 00000001 00000000 00000001 %8s"
+                  % (ipaddress.IPv6Address(dest).exploded.replace(":", ""), prefix, "0" * 32, "0" * 32, iface)
+                  for iface, dest, prefix in v6]
+        (net / "ipv6_route").write_text("".join(row + "\n" for row in v6rows))
+        addr_rows = ["%s %02x %02x %s 80 %8s" % (ipaddress.IPv6Address(addr).exploded.replace(":", ""), n + 2,
+                                                 prefix, scope, iface)
+                     for n, (iface, addr, prefix, scope) in enumerate(v6_addresses)]
+        (net / "if_inet6").write_text("".join(row + "\n" for row in addr_rows))
 
     def driver_of(self, address: str) -> Optional[str]:
         link = self.device_path(address) / "driver"
@@ -161,6 +265,15 @@ class SysfsTree:
         script = bindir / name
         script.write_text("#!/bin/sh\necho \"$0 $*\" >> '%s'\nexit %d\n" % (log, rc))
         script.chmod(0o755)
+        return script, log
+
+    def flaky_command(self, name: str, failures: int = 1, rc: int = 1) -> Tuple[Path, Path]:
+        """Like :meth:`fake_command`, but the first ``failures`` calls exit ``rc`` (a broken
+        update-grub that the admin then fixes); every call is logged."""
+        script, log = self.fake_command(name)
+        script.write_text("#!/bin/sh\necho \"$0 $*\" >> '%s'\n"
+                          "if [ \"$(wc -l < '%s')\" -le %d ]; then echo 'broken on purpose' >&2; exit %d; fi\n"
+                          "exit 0\n" % (log, log, failures, rc))
         return script, log
 
 

@@ -140,6 +140,42 @@ def test_update_grub_failure_reported(debian: SysfsTree) -> None:
     result = run_module_process("kernel_cmdline", args_for(debian, args=["iommu=pt"],
                                                            update_grub_command=[str(broken)]))
     assert result["failed"] and "rc=1" in result["msg"]
+    assert result["changed"] is True, "the drop-in was written before update-grub failed"
+
+
+def test_failed_update_grub_is_retried_by_the_next_run(debian: SysfsTree) -> None:
+    """update-grub fails after the drop-in was written: the next run must not be a no-op."""
+    flaky, log = debian.flaky_command("update-grub-flaky", failures=1)
+    args = args_for(debian, args=["iommu=pt"], update_grub_command=[str(flaky)])
+    marker = debian.etc / "default" / "grub.d" / ".90-mlinfra-kvm.update-grub-pending"
+    first = run_module_process("kernel_cmdline", args)
+    assert first["failed"] and first["changed"] is True, first
+    assert "broken on purpose" in first["msg"] and "next run of this task runs" in first["msg"]
+    assert first["commands"] == [[str(flaky)]]
+    assert "iommu=pt" in dropin(debian).read_text() and marker.exists()
+    check = run_module_process("kernel_cmdline", args, check=True)
+    assert not check["failed"] and check["changed"] is True and check["commands"] == [[str(flaky)]], check
+    assert len(log.read_text().splitlines()) == 1, "check mode runs nothing"
+    second = run_module_process("kernel_cmdline", args)
+    assert not second["failed"] and second["changed"] is True and second["commands"] == [[str(flaky)]], second
+    assert not marker.exists()
+    for check_mode in (True, False):
+        third = run_module_process("kernel_cmdline", args, check=check_mode)
+        assert not third["failed"] and third["changed"] is False and third["commands"] == [], third
+    assert len(log.read_text().splitlines()) == 2
+
+
+def test_failed_update_grub_after_removal_is_retried(debian: SysfsTree) -> None:
+    run_module_process("kernel_cmdline", args_for(debian, args=["iommu=pt"]))
+    flaky, log = debian.flaky_command("update-grub-flaky", failures=1)
+    args = args_for(debian, state="absent", update_grub_command=[str(flaky)])
+    first = run_module_process("kernel_cmdline", args)
+    assert first["failed"] and first["changed"] is True and "is removed but grub.cfg" in first["msg"], first
+    assert not dropin(debian).exists()
+    second = run_module_process("kernel_cmdline", args)
+    assert not second["failed"] and second["changed"] is True, second
+    assert run_module_process("kernel_cmdline", args)["changed"] is False
+    assert len(log.read_text().splitlines()) == 2
 
 
 def test_ubuntu_is_debian_family(debian: SysfsTree) -> None:

@@ -310,3 +310,167 @@ def test_absent_of_one_group_keeps_the_other(tree: SysfsTree) -> None:
     assert "ids=10de:22a3,10de:2335\n" in conf and "1234:11e8" not in conf
     assert "softdep nvidia pre: vfio-pci" in conf, "the host module remembered in the file survives"
     assert tree.driver_of(GPU) == "vfio-pci" and tree.driver_of(EDU) is None
+
+
+# -- the host's own NICs and disks (issue 13): the whole subtree, holders, routes ----------------
+NIC, AHCI, NVME = "0000:00:03.0", "0000:00:1f.2", "0000:02:00.0"
+SATA_PATH = "ata1/host0/target0:0:0/0:0:0:0/block"
+
+
+def add_virtio_nic(tree: SysfsTree, operstate: str = "up", **kw: Any) -> None:
+    """virtio-net: the interface hangs below the virtio0 child device, not below the function."""
+    tree.add_device(NIC, "1af4", "1041", "020000", driver="virtio-pci", group=3)
+    tree.add_netdev(NIC, "eth0", operstate, under="virtio0", **kw)
+
+
+def add_sata_disk(tree: SysfsTree) -> None:
+    tree.add_device(AHCI, "8086", "2922", "010601", driver="ahci", group=10)
+    tree.add_disk(AHCI, SATA_PATH, "sda", "8:0", partitions=(("sda1", "8:1"), ("sda2", "8:2")))
+
+
+def add_nvme_disk(tree: SysfsTree) -> None:
+    tree.add_device(NVME, "144d", "a808", "010802", driver="nvme", group=11)
+    tree.add_disk(NVME, "nvme/nvme0", "nvme0n1", "259:0", partitions=(("nvme0n1p1", "259:1"),))
+
+
+def assert_refused_both_modes(tree: SysfsTree, args: Dict[str, Any], *words: str) -> Dict[str, Any]:
+    """Check mode takes the same refusal as a real run, and neither changes anything."""
+    before = snapshot(tree)
+    for check in (True, False):
+        result = run_module_process("vfio_pci", args, check=check)
+        assert_refused(result, *words)
+        assert snapshot(tree) == before
+    return result
+
+
+def test_virtio_nic_with_default_route_refused(tree: SysfsTree) -> None:
+    add_virtio_nic(tree)
+    tree.routes(v4=[("eth0", "0.0.0.0", 0), ("eth0", "192.168.122.0", 24)])
+    result = assert_refused_both_modes(tree, args_for(tree, [NIC]), NIC, "eth0 carries the default route",
+                                       "192.168.122.0/24", "pick another device", "force: true")
+    assert "eth0 carries the default route" in result["in_use"]
+
+
+def test_bridge_port_counts_through_its_bridge(tree: SysfsTree) -> None:
+    tree.add_virtual_netdev("br0")
+    add_virtio_nic(tree, master="br0")
+    tree.routes(v4=[("br0", "0.0.0.0", 0)])
+    assert_refused_both_modes(tree, args_for(tree, [NIC]), "eth0 is a port of br0, which carries the default route")
+
+
+def test_ipv6_only_nic_refused_link_local_ignored(tree: SysfsTree) -> None:
+    add_virtio_nic(tree, operstate="down")
+    tree.routes(v6=[("eth0", "fe80::", 64), ("eth0", "ff00::", 8), ("eth0", "2001:db8::", 64)],
+                v6_addresses=[("eth0", "fe80::1", 64, "20"), ("eth0", "2001:db8::5", 64, "00")])
+    result = assert_refused_both_modes(tree, args_for(tree, [NIC]), "eth0 carries routes to 2001:db8::/64",
+                                       "eth0 has address 2001:db8::5/64")
+    assert "fe80" not in result["msg"] and "ff00" not in result["msg"]
+
+
+def test_mounted_root_partition_refused_even_with_force(tree: SysfsTree) -> None:
+    add_sata_disk(tree)
+    tree.mountinfo([("8:1", "/dev/root", "/")])  # the kernel's name for root: only major:minor matches
+    for force in (False, True):
+        result = assert_refused_both_modes(tree, args_for(tree, [AHCI], force=force),
+                                           AHCI, "sda1 is mounted at /", "even with force", "pick another device")
+
+
+def test_nvme_partition_deep_in_the_tree_mounted(tree: SysfsTree) -> None:
+    add_nvme_disk(tree)
+    tree.mountinfo([("8:1", "/dev/sda1", "/"), ("259:1", "/dev/nvme0n1p1", "/srv/data")])
+    result = assert_refused_both_modes(tree, args_for(tree, [NVME]), "nvme0n1p1 is mounted at /srv/data",
+                                       "force: true")
+    assert "even with force" not in result["msg"], "a data disk is the admin's call"
+    with FakeKernel(tree):
+        forced = run_module_process("vfio_pci", args_for(tree, [NVME], force=True))
+    assert not forced["failed"] and forced["changed"], forced
+    assert tree.driver_of(NVME) == "vfio-pci"
+    assert "nvme0n1p1 is mounted at /srv/data" in str(forced.get("warnings"))
+
+
+def test_lvm_root_on_a_partition_refused_even_with_force(tree: SysfsTree) -> None:
+    add_sata_disk(tree)
+    tree.add_dm("dm-0", "vg-root", "253:0", slaves=("sda2",))
+    # /proc/mounts only (no mountinfo), naming the volume by its /dev/mapper name.
+    (tree.proc / "mounts").write_text("/dev/mapper/vg-root / ext4 rw,relatime 0 0\n")
+    for force in (False, True):
+        assert_refused_both_modes(tree, args_for(tree, [AHCI], force=force), "sda2 is held by dm-0 (vg-root)",
+                                  "dm-0 (vg-root) is mounted at /", "even with force")
+
+
+def test_stacked_holders_resolved_transitively(tree: SysfsTree) -> None:
+    """dm-crypt on the disk, LVM on the crypt device, a volume mounted by major:minor."""
+    add_sata_disk(tree)
+    tree.add_dm("dm-0", "crypt-data", "253:0", slaves=("sda",))
+    tree.add_dm("dm-1", "vg-data", "253:1", slaves=("dm-0",))
+    tree.mountinfo([("253:1", "/dev/mapper/vg-data", "/var/lib/libvirt/images")])
+    assert_refused_both_modes(tree, args_for(tree, [AHCI]), "sda is held by dm-0 (crypt-data)",
+                              "dm-0 (crypt-data) is held by dm-1 (vg-data)",
+                              "dm-1 (vg-data) is mounted at /var/lib/libvirt/images")
+
+
+def test_swap_on_a_volume_refused(tree: SysfsTree) -> None:
+    add_sata_disk(tree)
+    tree.add_dm("dm-1", "vg-swap", "253:1", slaves=("sda2",))
+    tree.swaps(["/dev/dm-1"])
+    assert_refused_both_modes(tree, args_for(tree, [AHCI]), "dm-1 (vg-swap) is used as swap (/dev/dm-1)")
+
+
+def test_unused_disk_and_nic_are_taken_four_ways(tree: SysfsTree) -> None:
+    """The negative case: a disk nobody mounts or holds and a NIC that is down with only the
+    link-local route leftovers are free; the host's mounts elsewhere do not matter."""
+    add_sata_disk(tree)
+    add_virtio_nic(tree, operstate="down")
+    tree.mountinfo([("259:1", "/dev/nvme0n1p1", "/"), ("8:17", "/dev/sdb1", "/home")])
+    tree.swaps(["/dev/sdb2"])
+    tree.routes(v4=[("eth1", "0.0.0.0", 0)], v6=[("eth0", "fe80::", 64)])
+    with FakeKernel(tree):
+        results = four_ways("vfio_pci", args_for(tree, [AHCI, NIC]))
+    assert tree.driver_of(AHCI) == "vfio-pci" and tree.driver_of(NIC) == "vfio-pci"
+    assert not results["check"].get("warnings")
+
+
+def test_walk_is_bounded_and_follows_no_links(tmp_path: Path) -> None:
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._host_usage import walk_subtree
+    tree = gpu_host(tmp_path)
+    add_sata_disk(tree)
+    base = str(tree.device_path(AHCI))
+    # A link back to the top of the tree, as sysfs' subsystem/device links are.
+    os.symlink(str(tree.sys), os.path.join(base, "loop"))
+    dirs, truncated = walk_subtree(base)
+    assert not truncated
+    assert all(os.path.realpath(d).startswith(os.path.realpath(base)) for d in dirs), "left the subtree"
+    assert os.path.join(base, SATA_PATH, "sda", "sda1") in dirs
+    dirs, truncated = walk_subtree(base, max_depth=3)
+    assert truncated and os.path.join(base, SATA_PATH, "sda") not in dirs
+    dirs, truncated = walk_subtree(base, max_dirs=4)
+    assert truncated and len(dirs) == 4
+
+
+# -- a failed initramfs rebuild is retried (issue 13) -------------------------------------------
+def test_failed_initramfs_rebuild_is_retried_by_the_next_run(tree: SysfsTree) -> None:
+    flaky, log = tree.flaky_command("update-initramfs-flaky", failures=1)
+    args = args_for(tree, [EDU], initramfs_command=[str(flaky), "-u"])
+    marker = tree.etc / "modprobe.d" / ".mlinfra-vfio-pci.initramfs-pending"
+    with FakeKernel(tree):
+        first = run_module_process("vfio_pci", args)
+        assert first["failed"] and first["changed"] is True, first
+        assert "broken on purpose" in first["msg"] and "next run of this task runs" in first["msg"]
+        assert (tree.etc / "modprobe.d" / "mlinfra-vfio-pci.conf").exists() and marker.exists()
+        check = run_module_process("vfio_pci", args, check=True)
+        assert not check["failed"] and check["changed"] is True, check
+        assert any("again" in a for a in check["actions"]), check["actions"]
+        assert len(log.read_text().splitlines()) == 1, "check mode runs nothing"
+        second = run_module_process("vfio_pci", args)
+        assert not second["failed"] and second["changed"] is True and second["initramfs_updated"] is True, second
+        assert not marker.exists()
+        third = run_module_process("vfio_pci", args)
+        assert not third["failed"] and third["changed"] is False, third
+    assert len(log.read_text().splitlines()) == 2
+
+
+def test_route_addresses_decode_as_the_kernel_prints_them() -> None:
+    """/proc/net/route of a real x86 host: 192.168.1.0 is printed 0001A8C0."""
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._host_usage import ipv4_hex
+    expected = "192.168.1.0" if sys.byteorder == "little" else "0.1.168.192"
+    assert ipv4_hex("0001A8C0") == expected
