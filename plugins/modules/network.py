@@ -96,8 +96,22 @@ options:
     description:
       - Restart an active network when a change needs it (see RV(restart_required)).
       - Running guests lose connectivity until their interfaces are reattached.
+      - Before anything is stopped (or redefined), the new definition is checked to be able to
+        start; the restart is refused, with nothing changed, when its subnet overlaps an active
+        libvirt network or an address of a host interface, when its bridge name belongs to
+        another libvirt network or is an existing host interface, or when its DHCP range is not
+        inside the subnet (or holds the host address). Check mode reports the same refusal.
+      - When the new definition still fails to start after the stop, the definition that was
+        running is restored and started again, and the task fails with libvirt's message,
+        C(changed=true) and C(restored=true).
     type: bool
     default: false
+notes:
+  - The restart check reads the host's interfaces (C(ip -j addr), C(/sys/class/net)) only for a
+    local libvirt URI; for a remote one it checks against libvirt's own networks only, and the
+    restore after a failed start is the safety net.
+  - Not everything that makes a start fail can be seen beforehand (an MTU the bridge refuses,
+    a dnsmasq that cannot run); those are what the restore covers.
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
 author:
@@ -156,8 +170,22 @@ xml:
   returned: always
   type: str
 actions:
-  description: Side effects performed (or that would be, in check mode).
+  description:
+    - Side effects performed (or that would be, in check mode).
+    - On a failed restart, the failure carries them too, ending with the restore.
   returned: always
+  type: list
+  elements: str
+restored:
+  description:
+    - Only on a failed O(restart=true), in the failure - V(true) when the previous definition was
+      put back and started again after the new one failed to start, V(false) when that failed
+      too and the network is stopped.
+  returned: on failure of a restart
+  type: bool
+blockers:
+  description: Only on a refused restart, in the failure - every reason found why the new definition could not start.
+  returned: on a refused restart
   type: list
   elements: str
 '''
@@ -169,8 +197,10 @@ from typing import Any, Dict, List, Optional, Tuple
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError, LibvirtCallError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt, lookup
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt_guards import (
+    host_addresses, network_start_blockers, other_networks)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import ipv4_address, mac_address, object_name
@@ -425,6 +455,9 @@ class NetworkService:
     def undefine(self, net: Any) -> None:
         call("undefining network %s" % net.name(), net.undefine)
 
+    def other_networks(self, name: str) -> List[Dict[str, Any]]:
+        return other_networks(self.conn, name)
+
     def set_autostart(self, net: Any, value: bool) -> None:
         call("setting autostart of network %s" % net.name(), net.setAutostart, int(value))
 
@@ -520,6 +553,7 @@ class NetworkRunner:
         if not changed:
             self.predicted_pending = self.pending(net)
             if self.predicted_pending and self.params["restart"]:
+                self.guard_restart(net, {f: before.get(f) for f in ALL_FIELDS})
                 self.restart(net)
             return net
         active = bool(net.isActive())
@@ -530,6 +564,9 @@ class NetworkRunner:
             return net
         merged = {f: before.get(f) for f in ALL_FIELDS}
         merged.update(request)
+        if active and self.params["restart"]:
+            # Before the redefine: a refused restart must leave the definition untouched too.
+            self.guard_restart(net, merged)
         root = X.parse(self.service.xml(net, inactive=True))
         self.tracker.action("redefine")
         if not self.check:
@@ -542,12 +579,65 @@ class NetworkRunner:
             self.predicted_pending = [f for f in RESTART_FIELDS if live.get(f) != merged.get(f)] or restart_fields
         return net
 
+    def guard_restart(self, net: Any, spec: Dict[str, Any]) -> None:
+        """Refuse a restart into a definition that cannot start, while the old one still runs."""
+        own_bridge = X.attr(X.parse(self.service.xml(net, inactive=False)), "bridge", "name")
+        blockers = network_start_blockers(spec, own_bridge, self.service.other_networks(net.name()),
+                                          self.host_addresses(), self.host_links())
+        if not blockers:
+            return
+        option, value, problem, fix = blockers[0]
+        raise InvalidInputError(
+            option, value, "%s, so network %s could not start again after the restart" % (problem, net.name()),
+            "%s. Nothing was changed: the network keeps running with its current definition" % fix,
+            blockers=["option %s: value %r %s" % (b[0], b[1], b[2]) for b in blockers])
+
+    def host_addresses(self) -> Optional[Dict[str, List[Any]]]:
+        # A remote libvirt host's interfaces cannot be read from here: libvirt's networks only.
+        return host_addresses(self.module.run_command) if self.local else None
+
+    def host_links(self) -> Optional[List[str]]:
+        return os.listdir("/sys/class/net") if self.local and os.path.isdir("/sys/class/net") else None
+
     def restart(self, net: Any) -> None:
         self.tracker.action("restart")
-        if not self.check:
-            self.service.stop(net)
-            self.service.start(net)
         self.predicted_pending = []
+        if self.check:
+            return
+        # What runs now, to come back to if the new definition fails to start after the stop.
+        running_xml = self.service.xml(net, inactive=False)
+        try:
+            self.service.stop(net)
+        except KvmError as err:
+            done = self.tracker.actions[:-1]  # a redefine before the stop did happen
+            if done:
+                err.details.update(changed=True, actions=done)
+                err.msg = "%s (already done: %s; the network still runs its previous definition)" % (
+                    err.msg, ", ".join(done))
+            raise
+        try:
+            self.service.start(net)
+        except LibvirtCallError as err:
+            self.roll_back(net, running_xml, err)
+
+    def roll_back(self, net: Any, running_xml: str, err: LibvirtCallError) -> None:
+        """Put the previous definition back and start it; then fail with libvirt's message."""
+        name, why = self.params["name"], err.details.get("libvirt_message")
+        done = self.tracker.actions[:-1] + ["stop", "start (failed)", "restore previous definition"]
+        try:
+            net = self.service.define(running_xml)
+            self.service.start(net)
+        except KvmError as again:
+            raise KvmError(
+                "network %s did not start with the new definition (libvirt: %s), and restoring and starting "
+                "the previous definition failed too (%s): the network is stopped. Start it by hand "
+                "(virsh net-start %s) after fixing the cause." % (name, why, again.msg, name),
+                changed=True, restored=False, actions=done, libvirt_code=err.code, libvirt_message=why)
+        raise KvmError(
+            "network %s did not start with the new definition (libvirt: %s). The previous definition was "
+            "restored and started again, so guests keep their network; fix the request and run again."
+            % (name, why), changed=True, restored=True, actions=done + ["start"],
+            libvirt_code=err.code, libvirt_message=why)
 
     def update_hosts_live(self, net: Any, before: Dict[str, Any], request: Dict[str, Any]) -> None:
         sections = (("hosts", libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST, host_xml, "DHCP host"),

@@ -76,7 +76,19 @@ options:
     type: bool
     default: false
   purge:
-    description: With O(state=absent), delete every volume of the pool first (and the empty directory).
+    description:
+      - With O(state=absent), delete every volume of the pool first (and the empty directory).
+      - The volumes to delete are listed in RV(purged) and in the diff (also in check mode)
+        before the first one is deleted.
+      - Refused, with nothing changed, when a defined domain (running or shut off) uses one of
+        the volumes as a disk or as the backing image of a disk; the error names each volume and
+        domain. See O(force).
+    type: bool
+    default: false
+  force:
+    description:
+      - With O(purge=true), delete the volumes even when defined domains use them.
+      - The same meaning as O(mlinfra.kvm.volume#module:force) for a single volume.
     type: bool
     default: false
   xml:
@@ -84,6 +96,14 @@ options:
       - Escape hatch, the complete pool XML to define instead of the structured options.
         Compared as a whole (normalised) with the current definition.
     type: str
+notes:
+  - The in-use check of O(purge) reads every defined domain's disks and follows backing chains
+    through volumes libvirt knows; it matches volumes by path (C(target/name)) and by
+    C(<source pool= volume=>). A disk that reaches the file through a symlink is not recognised.
+  - In check mode, the volumes of an inactive pool can only be predicted for a local V(dir)
+    pool (from its directory); libvirt lists them once the real run has started the pool.
+  - A failure after a side effect (a purge that stops half way) reports C(changed=true), the
+    actions already done and the volumes already deleted.
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
 author:
@@ -131,6 +151,12 @@ actions:
   type: list
   elements: str
   sample: ["define", "build", "start", "autostart on"]
+purged:
+  description: The volumes a purge deleted (would delete, in check mode), in deletion order.
+  returned: when state is absent with purge and the pool exists
+  type: list
+  elements: str
+  sample: ["worker-1.qcow2", "worker-2.qcow2"]
 '''
 
 import os
@@ -139,8 +165,9 @@ from typing import Any, Dict, List, Optional
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt, lookup
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt_guards import DiskUsage
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
@@ -245,6 +272,17 @@ class PoolService:
     def delete_volume(self, vol: Any) -> None:
         call("deleting volume %s" % vol.name(), vol.delete, 0)
 
+    def volumes_in_use(self, pool: Any) -> Dict[str, List[str]]:
+        """Volume name -> the defined domains that use it (works on an inactive pool too)."""
+        usage = DiskUsage(self.conn)
+        in_use = usage.users_under(pool.name(), spec_from_xml(self.inactive_xml(pool)).get("target"))
+        if pool.isActive():  # exact paths where libvirt can list them
+            for vol in self.volumes(pool):
+                users = usage.users(pool.name(), vol.name(), vol.path())
+                if users:
+                    in_use[vol.name()] = users
+        return in_use
+
     def delete_storage(self, pool: Any) -> None:
         call("deleting the storage of pool %s" % pool.name(), pool.delete, 0)
 
@@ -269,6 +307,8 @@ class PoolRunner:
         self.local = local
         self.tracker = DifferenceTracker()
         self.check = module.check_mode
+        # Names of the volumes a purge deletes (would delete, in check mode); None: no purge.
+        self.purged: Optional[List[str]] = None
 
     # -- validation -------------------------------------------------------------------------
     def validate(self) -> None:
@@ -300,7 +340,7 @@ class PoolRunner:
         pool = self.service.get(name)
         before = self.service.describe(pool)
         if self.params["state"] == "absent":
-            self.ensure_absent(pool)
+            self.absent_reporting_partial(pool)
         else:
             pool = self.ensure_present(pool, before)
         after = self.predict_after(before) if self.check else self.service.describe(self.service.get(name))
@@ -312,10 +352,28 @@ class PoolRunner:
             "xml": "" if self.check or after["state"] == "absent" else
             self.service.inactive_xml(self.service.get(name)),
         }
+        if self.purged is not None:
+            result["purged"] = self.purged
         if self.module._diff:
-            result["diff"] = self.tracker.diff(
-                {f: before.get(f) for f in fields}, {f: after.get(f) for f in fields})
+            diff_before = {f: before.get(f) for f in fields}
+            diff_after = {f: after.get(f) for f in fields}
+            if self.purged is not None:
+                diff_before["volumes"], diff_after["volumes"] = list(self.purged), []
+            result["diff"] = self.tracker.diff(diff_before, diff_after)
         return result
+
+    def absent_reporting_partial(self, pool: Optional[Any]) -> None:
+        """ensure_absent; a failure after the first side effect says what was done."""
+        try:
+            self.ensure_absent(pool)
+        except KvmError as err:
+            # Every action is recorded just before it runs: all but the last one happened.
+            done = self.tracker.actions[:-1]
+            if done and not self.check:
+                err.details.update(changed=True, actions=done, failed_action=self.tracker.actions[-1],
+                                   purged=[a[len("delete volume "):] for a in done if a.startswith("delete volume ")])
+                err.msg = "%s (already done: %s)" % (err.msg, ", ".join(done))
+            raise
 
     def predict_after(self, before: Dict[str, Any]) -> Dict[str, Any]:
         after = dict(before)
@@ -327,17 +385,13 @@ class PoolRunner:
         if pool is None:
             return
         self.tracker.add("state", "active" if pool.isActive() else "inactive", "absent")
+        was_active = bool(pool.isActive())
         if self.params["purge"]:
-            if not pool.isActive():
-                self.tracker.action("start (to purge volumes)")
-                if not self.check:
-                    self.service.start(pool)
-            volumes = self.service.volumes(pool) if pool.isActive() else []
-            for vol in volumes:
-                self.tracker.action("delete volume %s" % vol.name())
-                if not self.check:
-                    self.service.delete_volume(vol)
-        if pool.isActive():
+            # Refuse before anything is touched: not even the start below may happen.
+            self.guard_purge(pool)
+            self.purge_volumes(pool)
+        # A pool started only to purge it runs now in a real run; check mode predicts the same stop.
+        if pool.isActive() or (self.params["purge"] and not was_active):
             self.tracker.action("stop")
             if not self.check:
                 self.service.stop(pool)
@@ -348,6 +402,47 @@ class PoolRunner:
         self.tracker.action("undefine")
         if not self.check:
             self.service.undefine(pool)
+
+    def guard_purge(self, pool: Any) -> None:
+        """Refuse a purge that would delete volumes defined domains use, unless force."""
+        in_use = self.service.volumes_in_use(pool)
+        if not in_use:
+            return
+        listing = "; ".join("%s: %s" % (vol, ", ".join(users)) for vol, users in sorted(in_use.items()))
+        if self.params["force"]:
+            self.module.warn("force: true: purging pool %s although volumes are in use: %s" % (pool.name(), listing))
+            return
+        raise ConflictError(
+            "option purge: value True would delete volumes of pool %s that defined domains use (%s); "
+            "deleting them would leave those domains without their disks. Remove the domains or their "
+            "disks first (mlinfra.kvm.domain), or set force: true to delete them anyway. Nothing was changed."
+            % (pool.name(), listing), option="force", volumes_in_use=in_use)
+
+    def purge_volumes(self, pool: Any) -> None:
+        """Delete every volume (the list lands in ``purged`` before the first deletion)."""
+        if not pool.isActive():
+            self.tracker.action("start (to purge volumes)")
+            if self.check:
+                # Listing needs a running pool; predict from the directory where we can.
+                self.purged = self.predicted_volumes(pool)
+                for name in self.purged:
+                    self.tracker.action("delete volume %s" % name)
+                return
+            self.service.start(pool)
+        volumes = sorted(self.service.volumes(pool), key=lambda v: v.name())
+        self.purged = [vol.name() for vol in volumes]
+        for vol in volumes:
+            self.tracker.action("delete volume %s" % vol.name())
+            if not self.check:
+                self.service.delete_volume(vol)
+
+    def predicted_volumes(self, pool: Any) -> List[str]:
+        spec = spec_from_xml(self.service.inactive_xml(pool))
+        target = spec.get("target")
+        if spec["type"] != "dir" or not self.local or not target or not os.path.isdir(target):
+            return []
+        # What libvirt's dir pool lists: every entry that resolves (dangling links are skipped).
+        return sorted(e for e in os.listdir(target) if os.path.exists(os.path.join(target, e)))
 
     def tracker_type_is_dir(self, pool: Any) -> bool:
         return spec_from_xml(self.service.inactive_xml(pool))["type"] == "dir"
@@ -448,6 +543,7 @@ def main() -> None:
         autostart=dict(type="bool"),
         recreate=dict(type="bool", default=False),
         purge=dict(type="bool", default=False),
+        force=dict(type="bool", default=False),
         xml=dict(type="str"),
     )
     argument_spec.update(LIBVIRT_ARGSPEC)

@@ -15,6 +15,7 @@ description:
   - Volumes are grown to a larger O(capacity) in place. They are never shrunk, and never
     recreated to change their format or backing image, since either would lose data; such
     requests fail and name the way out.
+  - A volume that a defined domain (running or not) uses is not deleted unless O(force=true).
 options:
   name:
     description: Volume name (the file name in a dir pool).
@@ -25,10 +26,22 @@ options:
     type: str
     required: true
   state:
-    description: V(present) creates or grows the volume; V(absent) deletes it.
+    description:
+      - V(present) creates or grows the volume; V(absent) deletes it.
+      - V(absent) refuses to delete a volume that a defined domain, running or shut off, uses
+        as a disk (by path or as C(<source pool= volume=>)), or that is the backing image of
+        such a disk, and names the domains; see O(force).
+      - V(absent) in a pool that does not exist reports nothing to do (there is no volume).
     type: str
     choices: [present, absent]
     default: present
+  force:
+    description:
+      - With O(state=absent), delete the volume even when defined domains use it (their
+        disks then point at a missing file and they will not start).
+      - The same meaning in M(mlinfra.kvm.pool) (with O(mlinfra.kvm.pool#module:purge=true)).
+    type: bool
+    default: false
   capacity:
     description:
       - Virtual size, in bytes or with a binary unit (V(10G), V(512M)).
@@ -54,6 +67,10 @@ options:
       - Local image file whose content becomes the volume, uploaded through libvirt.
       - Only when the volume does not exist yet; an existing volume is never overwritten.
     type: path
+notes:
+  - The in-use check reads every defined domain's disks (persistent definition, and the live
+    one of running domains) and follows backing chains through volumes libvirt knows. A disk
+    that uses the file through another path (a symlink) is not recognised.
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
 author:
@@ -106,17 +123,26 @@ actions:
   returned: always
   type: list
   elements: str
+users:
+  description:
+    - The defined domains that use the volume, one line each, when V(state=absent) met a volume
+      in use (deleted anyway with O(force=true); on a refusal the failure carries it too).
+  returned: when state is absent and the volume exists
+  type: list
+  elements: str
+  sample: ["domain worker-1 (disk)", "domain worker-2 (backing image of its disk /srv/vms/worker-2.qcow2)"]
 '''
 
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt, lookup
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt_guards import DiskUsage
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name, size_bytes
@@ -212,6 +238,9 @@ class VolumeService:
     def delete(self, vol: Any) -> None:
         call("deleting volume %s" % vol.name(), vol.delete, 0)
 
+    def users(self, pool_name: str, vol: Any) -> List[str]:
+        return DiskUsage(self.conn).users(pool_name, vol.name(), vol.path())
+
     def xml(self, vol: Any) -> str:
         return call("reading volume XML", vol.XMLDesc, 0)
 
@@ -231,6 +260,13 @@ class VolumeRunner:
         object_name("pool", p["pool"])
         capacity = size_bytes("capacity", p["capacity"])
         pool = self.service.pool(p["pool"])
+        if pool is None and p["state"] == "absent":
+            # No pool, no volume: a teardown that runs twice must not fail the second time.
+            gone = {"name": p["name"], "pool": p["pool"], "state": "absent"}
+            result: Dict[str, Any] = {"changed": False, "actions": [], "xml": "", "volume": gone}
+            if self.module._diff:
+                result["diff"] = self.tracker.diff({"state": "absent"}, {"state": "absent"})
+            return result
         if pool is None:
             raise InvalidInputError("pool", p["pool"], "is not a libvirt storage pool",
                                     "create it first (mlinfra.kvm.pool) or name an existing pool")
@@ -239,12 +275,9 @@ class VolumeRunner:
                                     "start it (mlinfra.kvm.pool with state: active)")
         vol = self.service.volume(pool, p["name"])
         before = self.service.describe(p["pool"], vol)
+        users: Optional[List[str]] = None
         if p["state"] == "absent":
-            if vol is not None:
-                self.tracker.add("state", "present", "absent")
-                self.tracker.action("delete")
-                if not self.check:
-                    self.service.delete(vol)
+            users = self.delete(vol)
         elif vol is None:
             self.create(pool, capacity)
         else:
@@ -257,10 +290,34 @@ class VolumeRunner:
             after = self.service.describe(p["pool"], vol)
             xml = self.service.xml(vol) if vol is not None else ""
         result = {"changed": self.tracker.changed, "actions": self.tracker.actions, "volume": after, "xml": xml}
+        if users is not None:
+            result["users"] = users
         if self.module._diff:
             result["diff"] = self.tracker.diff({f: before.get(f) for f in DIFF_FIELDS},
                                                {f: after.get(f) for f in DIFF_FIELDS})
         return result
+
+    # -- delete -----------------------------------------------------------------------------
+    def delete(self, vol: Optional[Any]) -> Optional[List[str]]:
+        """Delete ``vol`` unless a defined domain uses it (and force is off); its users."""
+        if vol is None:
+            return None
+        p = self.params
+        # Checked in check mode too, so that check mode reports the same refusal.
+        users = self.service.users(p["pool"], vol)
+        if users and not p["force"]:
+            raise ConflictError(
+                "option state: value 'absent' would delete volume %s (%s) of pool %s, which is in use by %s; "
+                "deleting it would leave those domains without their disk. Remove the domains or their disks "
+                "first (mlinfra.kvm.domain), or set force: true to delete it anyway."
+                % (p["name"], vol.path(), p["pool"], "; ".join(users)), option="force", users=users)
+        if users:
+            self.module.warn("force: true: deleting volume %s although in use by %s" % (p["name"], "; ".join(users)))
+        self.tracker.add("state", "present", "absent")
+        self.tracker.action("delete")
+        if not self.check:
+            self.service.delete(vol)
+        return users
 
     # -- create -----------------------------------------------------------------------------
     def create(self, pool: Any, capacity: Optional[int]) -> None:
@@ -392,6 +449,7 @@ def main() -> None:
         backing=dict(type="path"),
         backing_format=dict(type="str", choices=["qcow2", "raw"]),
         import_from=dict(type="path"),
+        force=dict(type="bool", default=False),
     )
     argument_spec.update(LIBVIRT_ARGSPEC)
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,

@@ -11,19 +11,26 @@ from conftest import four_ways
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def subnet():
-    """A /24 in 10.213.x.0 that no other libvirt network of this host uses."""
+def free_subnet(*taken):
+    """A /24 in 10.213.x.0 that no libvirt network nor host interface of this host uses."""
+    import subprocess
     conn = libvirt.open("qemu:///system")
     try:
         used = "".join(n.XMLDesc(0) for n in conn.listAllNetworks())
     finally:
         conn.close()
+    used += subprocess.run(["ip", "-4", "addr", "show"], capture_output=True, text=True).stdout
     for _ in range(100):
         third = random.randint(1, 254)
-        if "10.213.%d." % third not in used:
-            return "10.213.%d" % third
+        candidate = "10.213.%d" % third
+        if candidate + "." not in used and candidate not in taken:
+            return candidate
     pytest.fail("no free 10.213.x.0/24 for a test network")
+
+
+@pytest.fixture
+def subnet():
+    return free_subnet()
 
 
 @pytest.fixture
@@ -206,3 +213,122 @@ def test_bridged_to_existing_host_bridge_four_ways(libvirt_cleanup, host_bridge)
     results = four_ways("network", {"name": libvirt_cleanup + "br", "mode": "bridge", "bridge": host_bridge})
     assert results["apply"]["network"]["mode"] == "bridge"
     assert results["apply"]["network"]["bridge"] == host_bridge
+
+
+# -- restart: refused before the stop when the new definition cannot start; restored when it fails ----
+
+def net_xml_fields(name, inactive):
+    """(address, bridge, mtu) of the live or persistent definition."""
+    from lxml import etree
+    root = etree.fromstring(live_xml(name, inactive).encode())
+    ip = root.find("ip")
+    mtu = root.find("mtu")
+    return (ip.get("address") if ip is not None else None, root.find("bridge").get("name"),
+            mtu.get("size") if mtu is not None else None)
+
+
+def is_active(name):
+    conn = libvirt.open("qemu:///system")
+    try:
+        return bool(conn.networkLookupByName(name).isActive())
+    finally:
+        conn.close()
+
+
+def assert_refused_and_untouched(run_module, args, before, starts):
+    for check in (True, False):  # check mode reports the same refusal
+        result = run_module("network", args, check=check, diff=True)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["msg"].startswith(starts), result["msg"]
+        assert "could not start again after the restart" in result["msg"] and "Nothing was changed" in result["msg"]
+    assert is_active(args["name"]), "the running network must not have been stopped"
+    assert net_xml_fields(args["name"], False) == before, "live definition unchanged"
+    assert net_xml_fields(args["name"], True) == before, "persistent definition unchanged"
+    return result
+
+
+def test_restart_into_subnet_of_another_active_network_refused(net_args, subnet, libvirt_cleanup, run_module):
+    run_module("network", net_args)
+    other = free_subnet(subnet)
+    other_args = {"name": libvirt_cleanup + "other", "mode": "isolated", "address": other + ".1", "prefix": 24}
+    assert not run_module("network", other_args)["failed"]
+    before = net_xml_fields(net_args["name"], False)
+    request = dict(net_args, restart=True, address=other + ".2",
+                   dhcp_range={"start": other + ".100", "end": other + ".200"})
+    result = assert_refused_and_untouched(run_module, request, before,
+                                          "option address: value '%s.0/24' overlaps %s.0/24 of active libvirt network %s"
+                                          % (other, other, other_args["name"]))
+    assert result["option"] == "address"
+
+
+def test_restart_into_subnet_of_a_host_interface_refused(net_args, subnet, host_dummy, run_module):
+    run_module("network", net_args)
+    before = net_xml_fields(net_args["name"], False)
+    taken = host_dummy["subnet"]
+    request = dict(net_args, restart=True, address=taken + ".2",
+                   dhcp_range={"start": taken + ".100", "end": taken + ".200"})
+    assert_refused_and_untouched(run_module, request, before,
+                                 "option address: value '%s.0/24' overlaps %s.1/24 on host interface %s"
+                                 % (taken, taken, host_dummy["name"]))
+
+
+def test_restart_onto_an_existing_host_interface_name_refused(net_args, host_dummy, run_module):
+    run_module("network", net_args)
+    before = net_xml_fields(net_args["name"], False)
+    assert_refused_and_untouched(run_module, dict(net_args, restart=True, bridge=host_dummy["name"]), before,
+                                 "option bridge: value %r is already an interface of this host" % host_dummy["name"])
+
+
+def test_restart_with_old_dhcp_range_outside_new_subnet_refused(net_args, subnet, run_module):
+    # Only the address moves: the kept DHCP range would lie outside the new subnet.
+    run_module("network", net_args)
+    before = net_xml_fields(net_args["name"], False)
+    moved = free_subnet(subnet)
+    request = {k: v for k, v in net_args.items() if k != "dhcp_range"}
+    request.update(restart=True, address=moved + ".1")
+    assert_refused_and_untouched(run_module, request, before,
+                                 "option dhcp_range: value {'start': '%s.100', 'end': '%s.200'} is not inside the "
+                                 "network %s.0/24" % (subnet, subnet, moved))
+
+
+def test_restart_to_a_new_bridge_name_four_ways(net_args, prefix, run_module):
+    run_module("network", net_args)
+    bridge = "mlkb" + prefix.split("-")[2][:6]
+    results = four_ways("network", dict(net_args, restart=True, bridge=bridge))
+    assert results["apply"]["actions"] == ["redefine", "restart"]
+    assert net_xml_fields(net_args["name"], False)[1] == bridge
+
+
+def test_failed_start_restores_the_previous_definition(net_args, subnet, run_module):
+    run_module("network", net_args)
+    before = net_xml_fields(net_args["name"], False)
+    # Passes every pre-check but the kernel refuses it when libvirt creates the bridge: a real
+    # start failure after the stop (bridges take at most 65535).
+    bad = dict(net_args, restart=True, mtu=70000)
+    predicted = run_module("network", bad, check=True)
+    assert not predicted["failed"] and predicted["actions"] == ["redefine", "restart"], predicted
+    result = run_module("network", bad)
+    assert result["failed"] and result["changed"] is True and result["restored"] is True, result
+    assert "did not start with the new definition" in result["msg"] and "previous definition was restored" in result["msg"]
+    assert "MTU" in result["libvirt_message"], result["libvirt_message"]
+    assert result["actions"] == ["redefine", "stop", "start (failed)", "restore previous definition", "start"]
+    assert is_active(net_args["name"]), "guests must get their network back"
+    assert net_xml_fields(net_args["name"], False) == before
+    assert net_xml_fields(net_args["name"], True) == before
+    again = run_module("network", net_args)
+    assert not again["failed"] and again["changed"] is False and again["restart_required"] is False, again
+
+
+@pytest.fixture
+def host_dummy(prefix, subnet):
+    """A host interface (a bare bridge: the dummy driver may be missing) holding an address in a
+    /24 of its own, removed afterwards."""
+    import subprocess
+    name = "mlkd" + prefix.split("-")[2][:6]
+    taken = free_subnet(subnet)
+    subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", taken + ".1/24", "dev", name], check=True)
+        yield {"name": name, "subnet": taken}
+    finally:
+        subprocess.run(["ip", "link", "del", name], check=False)

@@ -164,3 +164,108 @@ def test_uri_from_environment(monkeypatch, run_module, tmp_path):
     monkeypatch.setenv("LIBVIRT_DEFAULT_URI", "qemu+unix:///system?socket=/nonexistent/sock2")
     result = run_module("pool", {"name": "mlkvmtest-env", "target": str(tmp_path)})
     assert result["failed"] and "/nonexistent/sock2" in result["msg"]
+
+
+# -- purge: list first, refuse volumes in use by a defined domain ---------------------------------
+
+def define_domain(name, disk_path):
+    """Define (never start) a minimal domain with one file disk."""
+    from lxml import etree
+    root = etree.Element("domain", type="qemu")
+    etree.SubElement(root, "name").text = name
+    etree.SubElement(root, "memory", unit="MiB").text = "64"
+    etree.SubElement(etree.SubElement(root, "os"), "type").text = "hvm"
+    disk = etree.SubElement(etree.SubElement(root, "devices"), "disk", type="file", device="disk")
+    etree.SubElement(disk, "driver", name="qemu", type="qcow2")
+    etree.SubElement(disk, "source", file=disk_path)
+    etree.SubElement(disk, "target", dev="vda", bus="virtio")
+    conn = libvirt.open("qemu:///system")
+    try:
+        conn.defineXML(etree.tostring(root, encoding="unicode"))
+    finally:
+        conn.close()
+
+
+def pool_state(name):
+    conn = libvirt.open("qemu:///system")
+    try:
+        pool = conn.storagePoolLookupByName(name)
+        return "active" if pool.isActive() else "inactive"
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def pool_with_disks(pool_args, run_module):
+    run_module("pool", pool_args)
+    paths = {}
+    for vol in ("a.qcow2", "b.qcow2"):
+        result = run_module("volume", {"name": vol, "pool": pool_args["name"], "capacity": "8M"})
+        assert not result["failed"], result
+        paths[vol] = result["volume"]["path"]
+    return paths
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["active", "inactive"])
+def test_purge_refused_while_a_domain_uses_a_volume(pool_args, pool_with_disks, run_module, stopped):
+    dom = pool_args["name"] + "-dom"
+    define_domain(dom, pool_with_disks["b.qcow2"])
+    if stopped:  # an inactive pool must be refused before it is started to list its volumes
+        assert not run_module("pool", dict(pool_args, state="present"))["failed"]
+        conn = libvirt.open("qemu:///system")
+        try:
+            conn.storagePoolLookupByName(pool_args["name"]).destroy()
+        finally:
+            conn.close()
+    for check in (True, False):
+        result = run_module("pool", dict(pool_args, state="absent", purge=True), check=check, diff=True)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["msg"].startswith("option purge: value True would delete volumes of pool %s" % pool_args["name"])
+        assert "b.qcow2: domain %s (disk)" % dom in result["msg"] and "force: true" in result["msg"]
+        assert "a.qcow2" not in result["msg"], "only the volumes in use are named"
+        assert result["volumes_in_use"] == {"b.qcow2": ["domain %s (disk)" % dom]}
+    assert all(os.path.exists(p) for p in pool_with_disks.values())
+    assert pool_state(pool_args["name"]) == ("inactive" if stopped else "active")
+
+
+def test_purge_refused_for_the_backing_image_of_a_used_overlay(pool_args, pool_with_disks, run_module, tmp_path,
+                                                                libvirt_cleanup):
+    other = {"name": libvirt_cleanup + "vms", "target": str(tmp_path / "vms")}
+    run_module("pool", other)
+    overlay = run_module("volume", {"name": "vm.qcow2", "pool": other["name"],
+                                    "backing": pool_with_disks["a.qcow2"]})["volume"]["path"]
+    dom = libvirt_cleanup + "ovl"
+    define_domain(dom, overlay)
+    result = run_module("pool", dict(pool_args, state="absent", purge=True))
+    assert result["failed"] and result["changed"] is False, result
+    assert "a.qcow2: domain %s (backing image of its disk %s)" % (dom, overlay) in result["msg"]
+    assert os.path.exists(pool_with_disks["a.qcow2"])
+
+
+def test_purge_with_force_four_ways(pool_args, pool_with_disks, run_module):
+    dom = pool_args["name"] + "-dom"
+    define_domain(dom, pool_with_disks["a.qcow2"])
+    results = four_ways("pool", dict(pool_args, state="absent", purge=True, force=True))
+    for key in ("check", "apply"):  # listed before anything is deleted, the same in both
+        assert results[key]["purged"] == ["a.qcow2", "b.qcow2"]
+        assert results[key]["diff"]["before"]["volumes"] == ["a.qcow2", "b.qcow2"]
+        assert results[key]["diff"]["after"]["volumes"] == []
+    assert results["apply"]["actions"] == ["delete volume a.qcow2", "delete volume b.qcow2", "stop",
+                                           "delete target directory", "undefine"]
+    warnings = [w["event"]["msg"] if isinstance(w, dict) else w for w in results["apply"].get("warnings", [])]
+    assert any("a.qcow2: domain %s (disk)" % dom in w for w in warnings), results["apply"]
+    assert not os.path.exists(pool_args["target"])
+
+
+def test_purge_of_an_inactive_pool_predicts_its_volumes(pool_args, pool_with_disks, run_module):
+    conn = libvirt.open("qemu:///system")
+    try:
+        conn.storagePoolLookupByName(pool_args["name"]).destroy()
+    finally:
+        conn.close()
+    results = four_ways("pool", dict(pool_args, state="absent", purge=True))
+    assert results["check"]["actions"] == results["apply"]["actions"] == [
+        "start (to purge volumes)", "delete volume a.qcow2", "delete volume b.qcow2", "stop",
+        "delete target directory", "undefine"]
+    assert results["check"]["purged"] == results["apply"]["purged"] == ["a.qcow2", "b.qcow2"]
+    assert not os.path.exists(pool_args["target"])

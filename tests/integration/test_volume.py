@@ -141,3 +141,100 @@ def test_format_change_refused(pool, run_module):
     run_module("volume", args)
     result = run_module("volume", dict(args, format="raw"))
     assert result["failed"] and "state: absent" in result["msg"]
+
+
+# -- in use by a defined domain: refused unless force -----------------------------------------
+
+def define_domain(name, disks):
+    """Define (never start) a minimal domain whose disks are given as <source> attributes."""
+    from lxml import etree
+    root = etree.Element("domain", type="qemu")
+    etree.SubElement(root, "name").text = name
+    etree.SubElement(root, "memory", unit="MiB").text = "64"
+    os_el = etree.SubElement(root, "os")
+    etree.SubElement(os_el, "type").text = "hvm"
+    devices = etree.SubElement(root, "devices")
+    for index, source in enumerate(disks):
+        disk = etree.SubElement(devices, "disk", type="volume" if "pool" in source else "file", device="disk")
+        etree.SubElement(disk, "driver", name="qemu", type="qcow2")
+        etree.SubElement(disk, "source", **source)
+        etree.SubElement(disk, "target", dev="vd" + "abcdefgh"[index], bus="virtio")
+    conn = libvirt.open("qemu:///system")
+    try:
+        conn.defineXML(etree.tostring(root, encoding="unicode"))
+    finally:
+        conn.close()
+
+
+def undefine_domain(name):
+    conn = libvirt.open("qemu:///system")
+    try:
+        conn.lookupByName(name).undefine()
+    finally:
+        conn.close()
+
+
+def assert_refused_naming(result, volume, domain):
+    assert result["failed"] and result["changed"] is False, result
+    assert result["msg"].startswith("option state: value 'absent' would delete volume %s" % volume), result["msg"]
+    assert "domain %s" % domain in result["msg"] and "force: true" in result["msg"], result["msg"]
+    assert result["option"] == "force"
+
+
+def test_absent_refused_while_a_domain_uses_the_path(pool, run_module, libvirt_cleanup):
+    args = {"name": "used.qcow2", "pool": pool["name"], "capacity": "8M"}
+    path = run_module("volume", args)["volume"]["path"]
+    dom = libvirt_cleanup + "user"
+    define_domain(dom, [{"file": path}])
+    for check in (True, False):  # check mode reports the same refusal as a real run
+        assert_refused_naming(run_module("volume", dict(args, state="absent"), check=check, diff=True),
+                              "used.qcow2", dom)
+    assert os.path.exists(path)
+    # The domain gone, the same request deletes it: the guard follows the domains, not a flag.
+    undefine_domain(dom)
+    four_ways("volume", dict(args, state="absent"))
+    assert not os.path.exists(path)
+
+
+def test_absent_refused_for_a_pool_volume_source(pool, run_module, libvirt_cleanup):
+    args = {"name": "byref.qcow2", "pool": pool["name"], "capacity": "8M"}
+    path = run_module("volume", args)["volume"]["path"]
+    dom = libvirt_cleanup + "ref"
+    define_domain(dom, [{"pool": pool["name"], "volume": "byref.qcow2"}])
+    result = run_module("volume", dict(args, state="absent"))
+    assert_refused_naming(result, "byref.qcow2", dom)
+    assert result["users"] == ["domain %s (disk)" % dom]
+    assert os.path.exists(path)
+
+
+def test_absent_refused_for_the_backing_image_of_a_used_overlay(pool, run_module, libvirt_cleanup):
+    base = run_module("volume", {"name": "base.qcow2", "pool": pool["name"], "capacity": "8M"})["volume"]["path"]
+    overlay = run_module("volume", {"name": "top.qcow2", "pool": pool["name"], "backing": base})["volume"]["path"]
+    dom = libvirt_cleanup + "ovl"
+    define_domain(dom, [{"file": overlay}])
+    result = run_module("volume", {"name": "base.qcow2", "pool": pool["name"], "state": "absent"}, check=True)
+    assert_refused_naming(result, "base.qcow2", dom)
+    assert "backing image of its disk %s" % overlay in result["msg"]
+    assert os.path.exists(base)
+
+
+def test_absent_with_force_four_ways(pool, run_module, libvirt_cleanup):
+    args = {"name": "forced.qcow2", "pool": pool["name"], "capacity": "8M"}
+    path = run_module("volume", args)["volume"]["path"]
+    dom = libvirt_cleanup + "forced"
+    define_domain(dom, [{"file": path}])
+    results = four_ways("volume", dict(args, state="absent", force=True))
+    assert results["check"]["actions"] == ["delete"]
+    assert results["check"]["users"] == ["domain %s (disk)" % dom]
+    assert results["check"]["diff"]["after"]["state"] == "absent"
+    warnings = [w["event"]["msg"] if isinstance(w, dict) else w for w in results["apply"].get("warnings", [])]
+    assert any("force: true" in w and dom in w for w in warnings), results["apply"]
+    assert not os.path.exists(path)
+
+
+def test_absent_in_a_pool_that_does_not_exist_is_nothing_to_do(run_module, libvirt_cleanup):
+    args = {"name": "x.qcow2", "pool": libvirt_cleanup + "nopool", "state": "absent"}
+    for check in (True, False):
+        result = run_module("volume", args, check=check)
+        assert not result["failed"] and result["changed"] is False, result
+        assert result["volume"]["state"] == "absent"
