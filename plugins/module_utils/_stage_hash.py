@@ -60,6 +60,26 @@ CACHE_FORMAT = 2
 _WORKERS = max(4, min(32, (os.cpu_count() or 1) * 4))
 
 
+class SpecialFileError(OSError):
+    """A FIFO, device or socket where content was to be hashed. Reading one would block
+    (a FIFO without a writer), never end (/dev/zero) or make no sense (a socket), all while
+    the stage's lock is held, so it is refused instead, after an lstat/stat, never an open."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__("%s is a %s, not a regular file" % (path, kind))
+        self.path = path
+        self.kind = kind
+
+
+def special_kind(mode: int) -> Optional[str]:
+    """What a non-regular, non-directory file is (None for regular files and directories)."""
+    for test, kind in ((_stat.S_ISFIFO, "FIFO (named pipe)"), (_stat.S_ISCHR, "character device"),
+                       (_stat.S_ISBLK, "block device"), (_stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return None
+
+
 def available(algo: str) -> bool:
     if algo == "xxh3_128":
         return HAS_XXHASH
@@ -110,7 +130,7 @@ def hash_file(path: str, algo: str, size: Optional[int] = None) -> str:
     h = new_hasher(algo)
     with open(path, "rb", buffering=0) as f:
         if size is not None and size <= SMALL:
-            data = f.read()
+            data = f.read(SMALL)  # bounded even when the file grew since its stat
             while data:  # a file that grew since its stat: read the rest too
                 h.update(data)
                 data = f.read(CHUNK)
@@ -316,12 +336,14 @@ _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 
 
 def _walk(dir_fd: int, prefix: str, ignore: IgnoreMatcher, out: list,
-          stack: Tuple[Tuple[int, int], ...]) -> None:
+          stack: Tuple[Tuple[int, int], ...], specials: Optional[list] = None) -> None:
     """Append (relative path, stat) of the regular files under an open directory.
 
     Depth-first, names sorted in each directory; symlinks are followed, loops refused; a
     broken symlink is recorded with stat None. Every stat is relative to the directory's
-    descriptor (fstatat), which spares the kernel a full path lookup per file.
+    descriptor (fstatat), which spares the kernel a full path lookup per file. FIFOs,
+    devices and sockets are never opened: left out, or listed in ``specials`` as
+    (relative path, kind) when the caller wants to refuse them.
     """
     with os.scandir(dir_fd) as it:
         entries = sorted(it, key=_BY_NAME)
@@ -341,7 +363,7 @@ def _walk(dir_fd: int, prefix: str, ignore: IgnoreMatcher, out: list,
                 st = os.fstat(fd)
                 ident = (st.st_dev, st.st_ino)
                 if ident not in stack:  # else a symlink back up the tree
-                    _walk(fd, rel + "/", ignore, out, stack + (ident,))
+                    _walk(fd, rel + "/", ignore, out, stack + (ident,), specials)
             finally:
                 os.close(fd)
             continue
@@ -352,13 +374,16 @@ def _walk(dir_fd: int, prefix: str, ignore: IgnoreMatcher, out: list,
             continue
         if _stat.S_ISREG(st.st_mode):
             out.append((rel, st))
+        elif specials is not None:
+            specials.append((rel, special_kind(st.st_mode) or "special file"))
 
 
-def walk(root: str, prefix: str, ignore: IgnoreMatcher, out: list) -> None:
+def walk(root: str, prefix: str, ignore: IgnoreMatcher, out: list,
+         specials: Optional[list] = None) -> None:
     fd = os.open(root, _DIR_FLAGS)
     try:
         st = os.fstat(fd)
-        _walk(fd, prefix, ignore, out, ((st.st_dev, st.st_ino),))
+        _walk(fd, prefix, ignore, out, ((st.st_dev, st.st_ino),), specials)
     finally:
         os.close(fd)
 
@@ -417,13 +442,17 @@ class Hasher:
         return Entry(kind=kind, hash=tree_hash, files=len(files), size=total, manifest=manifest)
 
     def path(self, spec: str, base: str, ignore: IgnoreMatcher = NO_IGNORE,
-             want_manifest: bool = False) -> Entry:
+             want_manifest: bool = False, refuse_special: bool = False) -> Entry:
         """Hash ``spec`` (a file, a directory or a glob, relative to ``base``).
 
         A missing path gives kind ``missing`` (callers decide whether that is an error).
-        Trees return their manifest when they had to be (re)hashed or when asked.
+        Trees return their manifest when they had to be (re)hashed or when asked. A FIFO,
+        device or socket named by ``spec`` itself raises SpecialFileError (opening it could
+        hang); one inside a tree or matched by a glob is left out, or with
+        ``refuse_special`` (inputs: a dep must not change unseen) raises it too.
         """
         full = os.path.normpath(os.path.join(base, spec))
+        specials: Optional[list] = [] if refuse_special else None
         if is_glob(spec):
             import glob
             files: List[Tuple[str, Optional[os.stat_result]]] = []
@@ -434,10 +463,14 @@ class Hasher:
                 except OSError:
                     continue
                 if _stat.S_ISDIR(st.st_mode):
-                    walk(match, rel + "/", ignore, files)
-                elif _stat.S_ISREG(st.st_mode) and not (ignore.active and ignore(
-                        rel, os.path.basename(match), False)):
+                    walk(match, rel + "/", ignore, files, specials)
+                elif ignore.active and ignore(rel, os.path.basename(match), False):
+                    continue
+                elif _stat.S_ISREG(st.st_mode):
                     files.append((rel, st))
+                elif specials is not None:
+                    specials.append((rel, special_kind(st.st_mode) or "special file"))
+            _refuse(specials, base)
             if not files:
                 return Entry(kind="missing", hash=None, files=0, size=0)
             files.sort(key=lambda item: item[0])
@@ -450,9 +483,12 @@ class Hasher:
             return Entry(kind="missing", hash=None, files=0, size=0)
         if _stat.S_ISDIR(st.st_mode):
             files = []
-            walk(full, "", ignore, files)
+            walk(full, "", ignore, files, specials)
+            _refuse(specials, full)
             return self._remember("dir:" + full, ignore,
                                   self._tree("dir:" + full, full, files, "dir", want_manifest))
+        if not _stat.S_ISREG(st.st_mode):  # never opened, whoever asks: it could hang
+            raise SpecialFileError(full, special_kind(st.st_mode) or "special file")
         # A single file goes through the small tree cache too, so that a no-op check
         # never has to load the per-file cache just for one file.
         key, sig = "file:" + full, _sig(st)
@@ -486,6 +522,13 @@ class Hasher:
         if entry["kind"] == "file":
             return {spec: entry["hash"]}
         return {}
+
+
+def _refuse(specials: Optional[list], root: str) -> None:
+    """Raise SpecialFileError for the first special file a walk listed, if any."""
+    if specials:
+        rel, kind = specials[0]
+        raise SpecialFileError(os.path.join(root, rel), kind)
 
 
 def public(entry: Dict[str, Any]) -> Dict[str, Any]:

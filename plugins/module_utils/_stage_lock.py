@@ -31,6 +31,9 @@ from typing import Any, Dict, Optional, Tuple
 from ._errors import KvmError
 
 LOCK_FORMAT = 1
+# Mode of the files that record a stage's runs (lock, manifest, fcntl lock, run record, logs):
+# they show the command, its env and its output, which are the task owner's business only.
+PRIVATE = 0o600
 
 
 def canonical_json(data: Any) -> str:
@@ -79,9 +82,21 @@ def write_bytes_atomic(path: str, data: bytes, fsync: bool = True, mode: int = 0
         _fsync_dir(directory)
 
 
-def write_json_atomic(path: str, data: Any) -> None:
+def write_json_atomic(path: str, data: Any, mode: int = PRIVATE) -> None:
+    """The stage's own records (lock, run record, run statistics): private by default."""
     write_bytes_atomic(path, (json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False)
-                              + "\n").encode("utf-8"))
+                              + "\n").encode("utf-8"), mode=mode)
+
+
+def open_private(path: str) -> Any:
+    """``path`` truncated for writing with mode 0600, also when it existed with another mode
+    (a log of an earlier version): the command's output may hold what its env held."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), PRIVATE)
+    try:
+        os.fchmod(fd, PRIVATE)
+    except OSError:  # not the owner: the mode stays, the write goes on
+        pass
+    return os.fdopen(fd, "wb")
 
 
 class StageFiles:
@@ -129,7 +144,7 @@ class StageFiles:
         manifests no lock names any more."""
         body = json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         mname = "%s.manifest.%s.json" % (self.name, hashlib.sha256(body.encode("utf-8")).hexdigest()[:20])
-        write_bytes_atomic(os.path.join(self.state_dir, mname), body.encode("utf-8"))
+        write_bytes_atomic(os.path.join(self.state_dir, mname), body.encode("utf-8"), mode=PRIVATE)
         lock = dict(lock, manifest=mname)
         write_json_atomic(self.lock, lock)
         prefix = self.name + ".manifest."
@@ -168,7 +183,11 @@ class FileLock:
 
     def acquire(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, PRIVATE)
+        try:
+            os.fchmod(fd, PRIVATE)  # also a lock file an earlier version made 0644
+        except OSError:
+            pass
         deadline = time.monotonic() + max(0.0, self.timeout)
         delay = 0.05
         while True:

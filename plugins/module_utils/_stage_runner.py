@@ -16,19 +16,20 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._errors import InvalidInputError, KvmError
-from ._stage_hash import (Hasher, IgnoreMatcher, StatCache, choose_algorithm, hash_bytes,
-                          is_glob, public)
+from ._stage_hash import (Hasher, IgnoreMatcher, SpecialFileError, StatCache, choose_algorithm,
+                          hash_bytes, is_glob, public, special_kind)
 from ._stage_lock import (LOCK_FORMAT, FileLock, StageBusyError, StageFiles, canonical_json,
-                          write_bytes_atomic)
+                          open_private, write_bytes_atomic)
 from ._stage_proc import (TOKEN_VAR, RunRecord, describe, new_token, processes_with_token,
                           supervised_argv, wait_for_exit)
-from ._stage_spec import StageSpec, flatten
+from ._stage_spec import StageSpec, flatten, special_input
 
 # Seconds the command gets between SIGTERM and SIGKILL when it is stopped (timeout, a
 # signal to ml_stage, ml_stage's death).
@@ -270,9 +271,11 @@ class StageRunner:
                 items = []
                 for path in paths:
                     try:
-                        items.append((path, os.stat(path)))
+                        st = os.stat(path)
                     except OSError:
                         continue
+                    if stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened (it could hang)
+                        items.append((path, st))
                 digests = hasher.cache.file_hashes(items)
                 lines = ["%s\0%s\n" % (os.path.relpath(p, spec.code_git), d)
                          for (p, _st), d in zip(items, digests)]
@@ -289,7 +292,9 @@ class StageRunner:
 
     def _entry(self, hasher: Hasher, option: str, path: str, ignore: IgnoreMatcher) -> Dict[str, Any]:
         try:
-            entry = hasher.path(path, self.spec.chdir, ignore)
+            entry = hasher.path(path, self.spec.chdir, ignore, refuse_special=True)
+        except SpecialFileError as exc:
+            raise special_input(option, path, self.spec.abspath(path), exc.path, exc.kind)
         except OSError as exc:
             raise InvalidInputError(option, path, "cannot be read (%s)" % exc,
                                     "fix its permissions for the user the task runs as")
@@ -317,7 +322,12 @@ class StageRunner:
             "outs": sorted(spec.outs),
             "code": code,
         }
-        outs = {o: public(hasher.path(o, spec.chdir)) for o in spec.outs}
+        try:
+            outs = {o: public(hasher.path(o, spec.chdir)) for o in spec.outs}
+        except SpecialFileError as exc:
+            raise InvalidInputError("outs", os.path.relpath(exc.path, spec.chdir), "is a %s" % exc.kind,
+                                    "declare the regular files or directories the command writes; "
+                                    "remove the %s or fix the outs option" % exc.kind)
         return inputs, git_info, outs
 
     # -- reasons ------------------------------------------------------------------------
@@ -452,6 +462,7 @@ class StageRunner:
             "deps": inputs["deps"], "outs": outs_now, "params_file": spec.params_file,
             "mlflow": {"enabled": bool(spec.mlflow), "run_id": None}, "mlflow_run_id": None,
             "hashing": dict(cache.stats, seconds=round(time.monotonic() - started, 3)),
+            "mps": dict(spec.mps.summary(), daemon=None) if spec.mps else None,
         }
         result["summary"] = _summary_line(reasons, spec.frozen, key, inputs, outs_now)
         if self.diff and reasons:
@@ -470,6 +481,8 @@ class StageRunner:
                 cache.save()
             return result
         result["changed"] = True
+        if spec.mps:  # before MLflow is contacted: a stage that cannot run makes no run there
+            self._check_mps(result)
         tracker = None
         if spec.mlflow:
             from ._stage_track import StageTracker  # only for a stage that is about to run
@@ -493,12 +506,29 @@ class StageRunner:
         return self._execute(result, tracker, key, previous_key, inputs, git_info,
                              hasher, manifest, reasons)
 
+    def _check_mps(self, result: Dict[str, Any]) -> None:
+        """A due stage under MPS needs its daemon. A real run fails without it; check mode
+        reports and warns instead, because in a check run the play's nvidia_mps role only
+        predicted the start of the daemon that a real run of the same play would have."""
+        mps = self.spec.mps
+        assert mps is not None
+        problem = mps.daemon_problem()
+        result["mps"]["daemon"] = "ok: %s is a socket" % mps.control_socket if problem is None else problem
+        if problem is None:
+            return
+        if not self.check:
+            mps.check_daemon()
+        self.warn("stage %s: mps.pipe_directory %s %s; a real run fails here unless the daemon "
+                  "runs by then" % (self.spec.name, mps.pipe_directory, problem))
+
     # -- running ------------------------------------------------------------------------
     def _execute(self, result: Dict[str, Any], tracker: Any, key: str,
                  previous_key: Optional[str], inputs: Dict[str, Any], git_info: Dict[str, Any],
                  hasher: Hasher, manifest: Dict[str, Any], reasons: List[str]) -> Dict[str, Any]:
         spec = self.spec
         env = self._base_env()
+        if spec.mps:
+            spec.mps.apply(env)
         env.update(ML_STAGE_NAME=spec.name, ML_STAGE_KEY=key)
         if spec.params_file:
             env["ML_STAGE_PARAMS"] = spec.abspath(spec.params_file)
@@ -545,9 +575,15 @@ class StageRunner:
             failure = "cmd exited with rc %s" % rc
         else:
             missing = [o for o in spec.outs if not os.path.exists(spec.abspath(o))]
+            special = [o for o in spec.outs if o not in missing
+                       and special_kind(os.stat(spec.abspath(o)).st_mode)]
             if missing:
                 failure = ("cmd exited 0 but did not produce the declared out(s) %s; the run counts "
                            "as failed (fix the command or the outs option)" % ", ".join(missing))
+            elif special:
+                failure = ("cmd made the out(s) %s a FIFO, device or socket, which ml_stage does not "
+                           "read (it could hang); the run counts as failed (write regular files)"
+                           % ", ".join(special))
         metrics: Dict[str, float] = {}
         if failure is None and spec.metrics_file:
             try:
@@ -600,7 +636,7 @@ class StageRunner:
         spec = self.spec
         self._check_executable(env)
         argv = supervised_argv(sys.executable, spec.cmd, STOP_GRACE)
-        with open(self.files.stdout, "wb") as out, open(self.files.stderr, "wb") as err:
+        with open_private(self.files.stdout) as out, open_private(self.files.stderr) as err:
             try:
                 proc = subprocess.Popen(argv, cwd=spec.chdir, env=env, stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=err, start_new_session=True)
@@ -691,6 +727,8 @@ class StageRunner:
             run["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(cmd_started))
         if git_info.get("commit"):
             run["git_commit"] = git_info["commit"]
+        if spec.mps and reused_from is None:  # how the run shared the GPU; not in the key
+            run["mps"] = {k: v for k, v in spec.mps.summary().items() if k != "env"}
         doc = {"format": LOCK_FORMAT, "stage": spec.name, "key": key, "inputs": inputs,
                "outs": outs, "metrics": metrics, "run": run}
         return doc, manifest

@@ -14,9 +14,10 @@ import shutil
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ._errors import InvalidInputError
-from ._stage_hash import SUPPORTED, is_glob
+from ._stage_hash import SUPPORTED, is_glob, special_kind
 from ._stage_lock import canonical_json
 from ._stage_metrics import validate_labels
+from ._stage_mps import MPS_ENV, MpsSpec
 from ._validate import object_name
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -110,7 +111,7 @@ class StageSpec:
         self.params = self._params(p.get("params"))
         params_file = p.get("params_file")
         if params_file:
-            self.params_file: Optional[str] = _norm(params_file)
+            self.params_file: Optional[str] = self._own_params_file(params_file)
         elif self.params:
             self.params_file = os.path.relpath(os.path.join(self.state_dir, self.name + ".params.json"),
                                                self.chdir)
@@ -169,11 +170,25 @@ class StageSpec:
             raise InvalidInputError("mlflow", raw_mlflow, "is not a mapping",
                                     "give tracking_uri and optionally experiment, tags, credentials")
         self.mlflow = MlflowSpec(raw_mlflow, self.name) if raw_mlflow else None
+        self.mps = self._mps(p.get("mps"))
         if self.mlflow:
             clash = sorted(k for k in MLFLOW_ENV if k in self.env or k in self.secret_env)
             if clash:
                 raise InvalidInputError("env", clash, "are set by ml_stage when mlflow is given",
                                         "drop them from env/secret_env; the module exports them")
+
+    def _mps(self, raw: Any) -> Optional[MpsSpec]:
+        if raw is None:
+            return None
+        if not isinstance(raw, dict) or not raw:
+            raise InvalidInputError("mps", raw, "is not a mapping with pipe_directory",
+                                    "give e.g. {pipe_directory: /run/nvidia-mps}, or leave mps unset")
+        # One source for each variable: the task's env would otherwise silently lose to mps.
+        clash = sorted(k for k in MPS_ENV if k in self.env or k in self.secret_env)
+        if clash:
+            raise InvalidInputError("env", clash, "are set by ml_stage when mps is given",
+                                    "drop them from env/secret_env and set them through mps")
+        return MpsSpec(raw, self.chdir)
 
     # -- helpers ----------------------------------------------------------------------
     def abspath(self, path: str) -> str:
@@ -273,6 +288,10 @@ class StageSpec:
         elif not os.path.exists(full):
             raise InvalidInputError(option, path, "does not exist (looked for %s)" % full,
                                     "fix the path or produce it first (e.g. by an earlier stage)")
+        else:
+            kind = special_kind(os.stat(full).st_mode)  # stat, never open: a FIFO would block
+            if kind:
+                raise special_input(option, path, full, full, kind)
         return path
 
     def _deps(self, value: Any) -> List[DepSpec]:
@@ -332,6 +351,32 @@ class StageSpec:
             result.append(out)
         return result
 
+    def _own_params_file(self, raw: Any) -> str:
+        """A params_file the task names: a path inside chdir (symlinks resolved), outside the
+        stage's state directory, since the module overwrites it before every run."""
+        if not isinstance(raw, str) or not raw.strip():
+            raise InvalidInputError("params_file", raw, "is not a path",
+                                    "give a path relative to chdir, or leave it unset")
+        path = _norm(raw)
+        full = self.abspath(path)
+        real_chdir = os.path.realpath(self.chdir)
+        fix = ("give a path inside chdir (%s) such as params.json, or leave params_file unset "
+               "(default STATE_DIR/NAME.params.json)" % self.chdir)
+        if not (_inside(full, self.chdir) and _inside(os.path.realpath(full), real_chdir)):
+            raise InvalidInputError("params_file", raw, "lies outside chdir (%s, symlinks resolved)"
+                                    % os.path.realpath(full), fix)
+        if full == self.chdir or os.path.isdir(full):
+            raise InvalidInputError("params_file", raw, "is a directory", fix)
+        default = os.path.join(self.state_dir, self.name + ".params.json")
+        real = os.path.realpath(full)
+        inside_state = _inside(full, self.state_dir) or _inside(real, os.path.realpath(self.state_dir))
+        if inside_state and real != os.path.realpath(default):
+            raise InvalidInputError("params_file", raw, "lies in the state directory %s, where "
+                                    "ml_stage keeps the stage's lock, logs and caches" % self.state_dir, fix)
+        if os.path.lexists(full) and not os.path.isfile(full):
+            raise InvalidInputError("params_file", raw, "exists and is not a regular file", fix)
+        return path
+
     def _check_params_file(self) -> None:
         if not self.params_file:
             return
@@ -344,6 +389,16 @@ class StageSpec:
             if _inside(full, self.abspath(out)):
                 raise InvalidInputError("params_file", self.params_file, "lies in the out %s" % out,
                                         "put the params file elsewhere")
+
+
+def special_input(option: str, path: str, full: str, special: str, kind: str) -> InvalidInputError:
+    """The error for a dep or code path (``full`` once resolved) that is, or holds, the FIFO,
+    device or socket ``special``."""
+    where = "is" if os.path.normpath(special) == os.path.normpath(full) else "holds %s, which is" % special
+    return InvalidInputError(option, path, "%s a %s; ml_stage hashes regular files only and never "
+                             "opens anything else (reading it could hang)" % (where, kind),
+                             "remove it, point %s at regular files, or leave it out with ignore "
+                             "(e.g. ignore: ['%s'])" % (option, os.path.basename(special)))
 
 
 def _check_keys(data: Any, where: str) -> None:

@@ -152,6 +152,8 @@ class StageTracker:
                 "mlflow.source.type": "JOB"}
         if git_commit:
             tags["mlflow.source.git.commit"] = git_commit
+        if spec.mps:
+            tags.update(spec.mps.tags())
         tags.update(m.tags)
         try:
             self.run_info = client.create_run(self.experiment_id, m.run_name, tags)

@@ -63,6 +63,10 @@ options:
       - Files, directories or globs (C(**) recurses) the stage reads, relative to O(chdir)
         or absolute. Each item is a path or a mapping C({path, ignore}).
       - A dep that does not exist (a glob that matches nothing) is an error.
+      - Only regular files are read. A dep that is, or a directory or glob that holds, a FIFO,
+        a character or block device or a socket is refused, naming the dep and the file (it
+        is found with stat and never opened, since reading it could block while the stage is
+        locked). Leave such a file out with O(ignore).
     type: list
     elements: raw
     default: []
@@ -82,7 +86,11 @@ options:
     type: raw
     default: {}
   params_file:
-    description: Where to write O(params), relative to O(chdir). Default C(STATE_DIR/NAME.params.json).
+    description:
+      - Where to write O(params), relative to O(chdir). Default C(STATE_DIR/NAME.params.json).
+      - Must lie inside O(chdir) once symlinks are resolved, must not be a directory, and must
+        not lie in O(state_dir) unless it is that default, so it cannot overwrite the stage's
+        lock, logs or caches.
     type: path
   outs:
     description:
@@ -261,11 +269,60 @@ options:
         description: Verify the server's TLS certificate.
         type: bool
         default: true
+  mps:
+    description:
+      - Run the command as a client of a CUDA MPS (Multi-Process Service) control daemon, so
+        that it shares the GPU with other processes at the same time instead of in turns.
+        The daemon is the role C(mlinfra.kvm.nvidia_mps) (or C(nvidia-cuda-mps-control -d));
+        see docs/gpu-sharing.md.
+      - The command gets C(CUDA_MPS_PIPE_DIRECTORY), and C(CUDA_MPS_LOG_DIRECTORY),
+        C(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and C(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) for the
+        suboptions that are set; those that are not set are removed from the environment the
+        module inherited, so the daemon's defaults apply. Setting any of these four in O(env)
+        or O(secret_env) as well is refused.
+      - B(Not part of the cache key.) These settings decide how the command shares the GPU, not
+        what it computes, so adding, changing or removing O(mps) alone never re-runs a stage.
+        They are recorded in the result (RV(mps)), in the lock's run record and, with O(mlflow),
+        as the run's tags C(mlinfra.stage.mps.pipe_directory), C(mlinfra.stage.mps.log_directory),
+        C(mlinfra.stage.mps.active_thread_percentage), C(mlinfra.stage.mps.pinned_device_mem_limit).
+      - When the stage is due (never when it is skipped), before MLflow is contacted and before
+        the command starts, the module checks that a daemon serves O(mps.pipe_directory), that is, the
+        directory exists and holds the daemon's C(control) Unix socket. Without it a CUDA
+        client silently runs without MPS, so the task fails instead, naming the directory and
+        how to start the daemon. Check mode only reports it (RV(mps.daemon) and a warning),
+        because in a check run of a play the daemon started by an earlier role is only predicted.
+        A socket left behind by a daemon that died also passes this check.
+    type: dict
+    suboptions:
+      pipe_directory:
+        description:
+          - The daemon's pipe directory (its C(CUDA_MPS_PIPE_DIRECTORY); the nvidia_mps role's
+            C(nvidia_mps_pipe_directory), default C(/run/nvidia-mps)). Relative paths are
+            relative to O(chdir).
+        type: path
+        required: true
+      log_directory:
+        description: The daemon's log directory (C(CUDA_MPS_LOG_DIRECTORY)), e.g. C(/var/log/nvidia-mps).
+        type: path
+      active_thread_percentage:
+        description:
+          - Share of the GPU's SMs the command may use, 1-100 (C(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)).
+            Unset, the daemon's default applies.
+        type: int
+      pinned_device_mem_limit:
+        description:
+          - Device memory the command may allocate (C(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)) as
+            C(DEVICE=SIZE) pairs separated by commas, sizes in C(M) or C(G) (as the nvidia_mps
+            role takes them), e.g. C(0=16G) or C(0=16G,1=8192M). A bare size such as C(16G)
+            means device 0, the first device the command sees. Unset, the daemon's default applies.
+        type: str
 notes:
   - Check mode reads only (files, and MLflow for reachability and the reuse search) and
     reports whether the stage would run and why; diff mode shows the old and new lock summaries.
   - The command gets C(ML_STAGE_NAME), C(ML_STAGE_KEY) and C(ML_STAGE_PARAMS) in its environment.
   - Its stdout and stderr go to C(STATE_DIR/NAME.stdout.log) and C(.stderr.log).
+  - The lock, its manifest, the fcntl lock file, the run record and both logs are created with
+    mode 0600 whatever the umask; a run makes an older log or fcntl lock file 0600 again.
   - The command ends with the module. It runs in its own process group under a small
     supervisor that stops the whole group (grandchildren too) when the module dies, SIGKILL
     included. SIGHUP (the SSH connection dropped), SIGTERM or SIGINT to the module stop the
@@ -309,6 +366,11 @@ EXAMPLES = r'''
     metrics_textfile_dir: /var/lib/prometheus/node-exporter
     metrics_labels: {pipeline: resnet}
     secret_env: {HF_TOKEN: "{{ vault_hf_token }}"}
+    mps:                                   # share GPU 0 with other stages (role nvidia_mps)
+      pipe_directory: /run/nvidia-mps
+      log_directory: /var/log/nvidia-mps
+      active_thread_percentage: 50
+      pinned_device_mem_limit: 0=32G
     mlflow:
       tracking_uri: http://mlflow.lab:5000
       experiment: resnet
@@ -437,6 +499,20 @@ lock_file:
   description: Path of the lock.
   returned: always
   type: str
+mps:
+  description:
+    - The O(mps) settings as the command gets them (paths absolute) and C(env), the
+      CUDA_MPS_* variables set; null without O(mps).
+    - C(daemon) is null when the stage did not come to run (up to date or frozen; nothing was
+      checked), C(ok) and the socket's path when the daemon's control socket was found, else (check mode only;
+      a real run fails) why no daemon seems to serve the pipe directory.
+  returned: always
+  type: dict
+  sample: {pipe_directory: /run/nvidia-mps, log_directory: /var/log/nvidia-mps,
+           active_thread_percentage: 50, pinned_device_mem_limit: "0=32G",
+           env: {CUDA_MPS_PIPE_DIRECTORY: /run/nvidia-mps, CUDA_MPS_LOG_DIRECTORY: /var/log/nvidia-mps,
+                 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: "50", CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: "0=32G"},
+           daemon: "ok: /run/nvidia-mps/control is a socket"}
 metrics_textfile:
   description:
     - The C(.prom) file written in O(metrics_textfile_dir) for this run decision (also on a
@@ -500,6 +576,12 @@ ARGUMENT_SPEC = dict(
         upload_outs=dict(type="bool"),
         timeout=dict(type="float", default=30),
         validate_certs=dict(type="bool", default=True),
+    )),
+    mps=dict(type="dict", options=dict(
+        pipe_directory=dict(type="path", required=True),
+        log_directory=dict(type="path"),
+        active_thread_percentage=dict(type="int"),
+        pinned_device_mem_limit=dict(type="str"),
     )),
 )
 

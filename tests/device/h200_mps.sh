@@ -5,13 +5,17 @@
 # here in user space. nvidia-cuda-mps-control may be absent: that is detected and reported.
 # Read-only towards the GPU's settings: no MIG, compute-mode, persistence, clock or power changes;
 # the MPS daemon gets its own pipe and log directories under /tmp and is told to quit on every
-# exit path (trap). About 1.5 minutes; never more than BUDGET (165 s) plus the clean-up.
+# exit path (trap). While that daemon runs, one mlinfra.kvm.ml_stage task (through
+# `ansible localhost -m`, when ansible is installed) runs a CUDA matmul with mps set: it must run,
+# see its CUDA_MPS_* variables, skip on a second run and on a change of the thread share alone,
+# and fail before running against a pipe directory without a daemon.
+# About 2 minutes; never more than BUDGET (165 s) plus the clean-up.
 #   run from the repo root:  OUT=/some/dir bash tests/device/h200_mps.sh
 # Outputs in $OUT (at most 8 files): summary.json, run.log (this script's log), single.log,
 # timeslice.log, mps.log (the workers' stdout/stderr), mps-daemon.log (control.log, server.log and
-# the daemon's answers), nvidia-smi.txt.
+# the daemon's answers), nvidia-smi.txt, ml_stage.log (the ml_stage results, control.log's new lines).
 # Knobs: PYTHON (an interpreter with torch), N, DURATION (s of matmuls per process), READY_TIMEOUT,
-# BENCH_DEVICE=cpu (dry runs of the plumbing without a GPU).
+# BENCH_DEVICE=cpu (dry runs of the plumbing without a GPU), ANSIBLE (the ansible program).
 set -euo pipefail
 OUT="${OUT:?set OUT to the directory whose files come back}"
 N="${N:-8192}"
@@ -25,6 +29,9 @@ MPS_LOG="$WORK/mps-log"
 NO_MPS_PIPE="$WORK/no-mps"             # an empty pipe directory: clients find no daemon there
 MPS_CONTROL=""
 MPS_STARTED=0
+REPO="$PWD"                            # the repo root: collections/ansible_collections/mlinfra/kvm -> it
+ANSIBLE_BIN="${ANSIBLE:-$(command -v ansible 2>/dev/null || true)}"
+STAGE_STATUS="not_run"
 WORKER_PIDS=()
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$MPS_PIPE" "$MPS_LOG" "$NO_MPS_PIPE"
@@ -169,6 +176,110 @@ run_phase() {
   log "$name: workers done (last non-zero rc: $rc)"
 }
 
+# stage_call TAG PIPE PERCENT SEED: one ml_stage task with mps (pipe directory PIPE, thread share
+# PERCENT; SEED is a param, so a new one makes the stage due) through `ansible localhost -m`; its
+# output (the default callback, results as one-line JSON: "localhost | CHANGED => {...}") goes to
+# $WORK/stage-TAG.out. (ansible-core has no json stdout callback of its own.)
+stage_call() {
+  local args limit=$((BUDGET - SECONDS))
+  if [ "$limit" -lt 10 ]; then echo "== $1: skipped, ${limit}s of the budget left" >>"$OUT/ml_stage.log"; return 0; fi
+  args=$("$PY" - "$WORK/stage" "$2" "$MPS_LOG" "$3" "$4" "$(command -v "$PY")" "$BENCH_DEVICE" <<'PY'
+import json, sys
+chdir, pipe, log, percent, seed, python, device = sys.argv[1:8]
+print(json.dumps({"name": "mps-matmul", "chdir": chdir, "cmd": [python, "see_mps.py"],
+                  "outs": ["stage-out.json"], "params": {"seed": int(seed)}, "env": {"BENCH_DEVICE": device},
+                  "code": {"paths": ["see_mps.py"]}, "timeout": 90,
+                  "mps": {"pipe_directory": pipe, "log_directory": log,
+                          "active_thread_percentage": int(percent), "pinned_device_mem_limit": "0=8G"}}))
+PY
+  ) || { echo "== $1: could not build the module arguments" >>"$OUT/ml_stage.log"; return 0; }
+  ANSIBLE_CONFIG="$REPO/ansible.cfg" ANSIBLE_COLLECTIONS_PATH="$REPO/collections" ANSIBLE_NOCOLOR=1 \
+    ANSIBLE_CALLBACK_RESULT_FORMAT=json ANSIBLE_CALLBACK_FORMAT_PRETTY=0 \
+    ANSIBLE_LOCALHOST_WARNING=0 ANSIBLE_INVENTORY_UNPARSED_WARNING=0 \
+    timeout -k 5 "$limit" "$ANSIBLE_BIN" localhost -i localhost, -c local -m mlinfra.kvm.ml_stage -a "$args" \
+    -e "ansible_python_interpreter=$(command -v "$PY")" >"$WORK/stage-$1.out" 2>>"$OUT/ml_stage.log" || true
+}
+
+# run_stage_phase: the ml_stage checks against the running daemon (see the header); the verdict
+# in $STAGE_STATUS, the details in $WORK/ml_stage.json and $OUT/ml_stage.log.
+run_stage_phase() {
+  local left=$((BUDGET - SECONDS)) before=0
+  if [ -z "$ANSIBLE_BIN" ]; then STAGE_STATUS="skipped_no_ansible"; return 0; fi
+  if [ "$left" -lt 60 ]; then STAGE_STATUS="skipped_time_budget"; log "ml_stage: skipped, ${left}s left"; return 0; fi
+  mkdir -p "$WORK/stage"
+  cat >"$WORK/stage/see_mps.py" <<'PY'
+import json, os
+out = {"pid": os.getpid(), "env": {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS_")}}
+if os.environ.get("BENCH_DEVICE", "cuda") == "cuda":   # the CUDA call that makes it an MPS client
+    import torch
+    a = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
+    c = a @ a
+    torch.cuda.synchronize()
+    out["checksum"] = float(c[0, 0].float())
+with open("stage-out.json", "w") as handle:
+    json.dump(out, handle)
+PY
+  [ -f "$MPS_LOG/control.log" ] && before=$(wc -l <"$MPS_LOG/control.log")
+  log "ml_stage: 4 tasks with mps through $ANSIBLE_BIN"
+  stage_call first "$MPS_PIPE" 50 1
+  { echo "== control.log lines written during the first ml_stage run"
+    [ -f "$MPS_LOG/control.log" ] && tail -n +"$((before + 1))" "$MPS_LOG/control.log"; } >>"$OUT/ml_stage.log" || true
+  stage_call second "$MPS_PIPE" 50 1
+  stage_call percentage "$MPS_PIPE" 25 1
+  stage_call no_daemon "$NO_MPS_PIPE" 50 2
+  STAGE_STATUS=$("$PY" - "$WORK" "$OUT/ml_stage.log" "$MPS_PIPE" "$NO_MPS_PIPE" "$before" "$MPS_LOG/control.log" <<'PY'
+import json, os, sys
+work, log_path, pipe, no_pipe, before, control_log = sys.argv[1:7]
+
+def result(tag):
+    try:
+        with open(os.path.join(work, "stage-%s.out" % tag)) as handle:
+            lines = [l for l in handle.read().splitlines() if l.startswith("localhost | ") and " => {" in l]
+        res = json.loads(lines[-1].split(" => ", 1)[1])
+        res["failed"] = lines[-1].split(" => ", 1)[0].split(" | ")[1] != "SUCCESS" and \
+            lines[-1].split(" => ", 1)[0].split(" | ")[1] != "CHANGED"   # the callback drops "failed"
+        return res
+    except (OSError, ValueError, IndexError) as exc:
+        return {"failed": True, "msg": "no result (%s: %s)" % (type(exc).__name__, exc)}
+
+res = {tag: result(tag) for tag in ("first", "second", "percentage", "no_daemon")}
+try:
+    with open(os.path.join(work, "stage", "stage-out.json")) as handle:
+        seen = json.load(handle)
+except (OSError, ValueError):
+    seen = {}
+try:
+    with open(control_log) as handle:
+        new_lines = handle.read().splitlines()[int(before):]
+except OSError:
+    new_lines = []
+checks = {
+    "first_ran": bool(res["first"].get("ran")) and not res["first"].get("failed"),
+    "daemon_found": str((res["first"].get("mps") or {}).get("daemon", "")).startswith("ok"),
+    "command_saw_pipe": seen.get("env", {}).get("CUDA_MPS_PIPE_DIRECTORY") == pipe,
+    "command_saw_percentage": seen.get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == "50",
+    "second_skipped": res["second"].get("changed") is False and not res["second"].get("failed"),
+    "percentage_alone_skipped": res["percentage"].get("changed") is False and not res["percentage"].get("failed"),
+    "no_daemon_refused": bool(res["no_daemon"].get("failed"))
+    and "option mps.pipe_directory: value '%s'" % no_pipe in str(res["no_daemon"].get("msg")),
+}
+summary = {"status": "ok" if all(checks.values()) else "failed", "checks": checks,
+           "command_pid": seen.get("pid"), "checksum": seen.get("checksum"),
+           # evidence, not a check: the daemon logs its clients (the format is the driver's)
+           "control_log_new_lines": len(new_lines),
+           "control_log_mentions_command_pid": bool(seen.get("pid")) and any(str(seen["pid"]) in l for l in new_lines),
+           "results": {tag: {k: r.get(k) for k in ("changed", "failed", "ran", "msg", "summary", "mps", "rc",
+                                                   "stderr_tail")} for tag, r in res.items()}}
+with open(os.path.join(work, "ml_stage.json"), "w") as handle:
+    json.dump(summary, handle, indent=1)
+with open(log_path, "a") as handle:
+    handle.write("== ml_stage summary\n" + json.dumps(summary, indent=1) + "\n")
+print(summary["status"])
+PY
+  ) || STAGE_STATUS="summary_failed"
+  log "ml_stage: $STAGE_STATUS"
+}
+
 log "single: 1 process, ${N}^3 matmuls ($BENCH_DEVICE) for ${DURATION}s"
 run_phase single 1 "$NO_MPS_PIPE" || true
 BASELINE=0
@@ -194,6 +305,7 @@ elif [ -n "$MPS_CONTROL" ]; then
       log "mps: 2 processes at once through the daemon"
       if run_phase mps 2 "$MPS_PIPE"; then MPS_STATUS="ran"; else MPS_STATUS="skipped_time_budget"; fi
       { echo "== get_server_list after"; mps_ctl get_server_list; } >>"$WORK/daemon-answers.txt" || true
+      run_stage_phase
     else
       echo "== get_server_list failed: $answer" >>"$WORK/daemon-answers.txt"
       MPS_STATUS="daemon_not_answering"
@@ -202,12 +314,13 @@ elif [ -n "$MPS_CONTROL" ]; then
     MPS_STATUS="daemon_failed_to_start"
   fi
 fi
-log "mps: $MPS_STATUS"
+log "mps: $MPS_STATUS; ml_stage: $STAGE_STATUS"
 
 # -- the summary -------------------------------------------------------------------------------------------
-"$PY" - "$WORK" "$OUT/summary.json" "$MPS_STATUS" "${MPS_CONTROL:-}" "$N" "$DURATION" "$BENCH_DEVICE" "$BASELINE" <<'PY'
+"$PY" - "$WORK" "$OUT/summary.json" "$MPS_STATUS" "${MPS_CONTROL:-}" "$N" "$DURATION" "$BENCH_DEVICE" "$BASELINE" \
+  "$STAGE_STATUS" <<'PY'
 import json, os, sys
-work, dest, mps_status, control, n, duration, device, baseline = sys.argv[1:9]
+work, dest, mps_status, control, n, duration, device, baseline, stage_status = sys.argv[1:10]
 
 def phase(name, expected):
     runs, errors = [], []
@@ -244,6 +357,12 @@ summary = {
     "mps": dict(phase("mps", 2) if mps_status == "ran" else {}, status=mps_status, control=control or None,
                 server_pids_during_run=[int(t) for t in during.split() if t.isdigit()]),
 }
+stage = {"status": stage_status}
+if os.path.exists(os.path.join(work, "ml_stage.json")):
+    with open(os.path.join(work, "ml_stage.json")) as handle:
+        stage = dict(json.load(handle), status=stage_status)
+    stage.pop("results", None)   # the full results are in ml_stage.log
+summary["ml_stage"] = stage
 single = summary["single"].get("combined_tflops")
 for key in ("timeslice", "mps"):
     if single and summary[key].get("combined_tflops"):
@@ -257,4 +376,7 @@ if [ "$BASELINE" != 1 ]; then
   log "FAIL: the single-process baseline did not run (see single.log)"
   exit 1
 fi
-log "done; MPS: $MPS_STATUS"
+case "$STAGE_STATUS" in
+  failed|summary_failed) log "FAIL: ml_stage under MPS: $STAGE_STATUS (see ml_stage.log)"; exit 1 ;;
+esac
+log "done; MPS: $MPS_STATUS; ml_stage under MPS: $STAGE_STATUS"
