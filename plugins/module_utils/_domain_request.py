@@ -20,36 +20,64 @@ from typing import Any, Dict, List, Optional
 from ._domain_pci import VFIO_DRIVER
 from ._domain_spec import (
     DEFAULT_OVMF_CODE, DEFAULT_OVMF_VARS, assign_targets, derived_mac, hostdev_addresses,
-    is_xml_name, parse_cpuset, read_max_memory, read_max_vcpus, read_memory, read_vcpus)
+    is_xml_name, read_cpu, read_max_memory, read_max_vcpus, read_memory, read_vcpus)
 from ._errors import ConflictError, InvalidInputError
-from ._validate import absolute_path, mac_address, object_name, pci_address, size_bytes
+from ._validate import (
+    CPU_INDEX_MAX, VCPUS_MAX, absolute_path, cpuset, int_range, mac_address, memory_kib_range,
+    object_name, pci_address, plain_texts, size_bytes)
 
 _HEX4_RE = re.compile(r"^(?:0x)?([0-9a-fA-F]{4})$")
 _BARE_NUMBER_RE = re.compile(r"^\s*\d+\s*$")
 
+# Every free-text option that ends up in the domain XML: a control character in any of them
+# would make lxml raise instead of the module reporting the option (see _validate.plain_texts).
+TEXT_OPTIONS = (
+    "memory", "max_memory", "machine", "arch", "kernel", "initrd", "cmdline", "ovmf_code",
+    "ovmf_vars", "console_log", "description", "hypervisor_vendor_id", "hugepage_size", "metadata{}",
+    "disks[].pool", "disks[].volume", "disks[].path", "disks[].format", "disks[].target",
+    "cdroms[].pool", "cdroms[].volume", "cdroms[].path", "cdroms[].target",
+    "interfaces[].network", "interfaces[].bridge", "interfaces[].model", "interfaces[].mac",
+    "cpu_pinning.vcpupin[].cpuset", "cpu_pinning.emulatorpin", "numa_tuning.nodeset",
+    "hostdevs[].address", "hostdevs[].vendor", "hostdevs[].device",
+)
+
+# Linux keeps at most 1024 NUMA nodes (MAX_NUMNODES with NODES_SHIFT=10).
+NUMA_NODE_MAX = 1023
+# Hugepage sizes are powers of two; x86 has 2 MiB and 1 GiB, other architectures go from
+# 64 KiB (arm64 contiguous PTEs) to 16 GiB (ppc64).
+HUGEPAGE_MIN_KIB = 4
+HUGEPAGE_MAX_KIB = 16 * 1024 * 1024
+# Seconds: a day is more than any guest shutdown or DHCP lease wait this module should block on.
+TIMEOUT_MAX_S = 86400
+# Linux interface names are at most 15 characters (IFNAMSIZ - 1).
+IFNAME_MAX = 15
+
 
 def memory_kib(option: str, value: Any) -> Optional[int]:
-    """Sizes with a unit (2G, 512M, 1.5GiB); a bare number means MiB, as in virt-install."""
+    """Sizes with a unit (2G, 512M, 1.5GiB); a bare number means MiB, as in virt-install.
+    Bounded to 16 MiB..16 TiB (see _validate.MEMORY_MIN_KIB)."""
     if value is None:
         return None
     if isinstance(value, int) or _BARE_NUMBER_RE.match(str(value)):
-        return int(value) * 1024
+        kib = int(value) * 1024
+    else:
+        size = size_bytes(option, value)
+        if size % 1024:
+            raise InvalidInputError(option, value, "is not a whole number of KiB",
+                                    "give a size such as 2G or 512M")
+        kib = size // 1024
+    return memory_kib_range(option, value, kib)
+
+
+def hugepage_kib(option: str, value: Any) -> int:
+    """A hugepage size in KiB: a power of two between 4 KiB and 16 GiB."""
     size = size_bytes(option, value)
-    if size < 1024 * 1024 or size % 1024:
-        raise InvalidInputError(option, value, "is too small or not a whole number of KiB",
-                                "give at least 1M, e.g. 2G or 512M")
-    return size // 1024
-
-
-def _cpuset(option: str, value: Any) -> List[int]:
-    try:
-        cpus = parse_cpuset(value)
-    except ValueError:
-        cpus = None
-    if not cpus:
-        raise InvalidInputError(option, value, "is not a CPU/node set",
-                                "write a list such as '0-3', '2,4' or '0-7,^3'")
-    return cpus
+    kib = size // 1024
+    if size % 1024 or kib & (kib - 1) or not HUGEPAGE_MIN_KIB <= kib <= HUGEPAGE_MAX_KIB:
+        raise InvalidInputError(option, value, "is not a hugepage size",
+                                "give a power of two from 4K to 16G, such as 2M or 1G (see "
+                                "/sys/kernel/mm/hugepages for this host's sizes)")
+    return kib
 
 
 def _hex4(option: str, value: Any) -> str:
@@ -61,12 +89,19 @@ def _hex4(option: str, value: Any) -> str:
 
 
 class DomainRequest:
-    """The validated request: ``desired`` field values plus what the runner needs besides."""
+    """The validated request: ``desired`` field values plus what the runner needs besides.
 
-    def __init__(self, params: Dict[str, Any], service: Any, existing_root: Any) -> None:
+    ``shut_off`` says the existing domain will not be running when the definition is written:
+    then a memory or vCPU count above its maximum raises the maximum too (only a running
+    domain cannot take a new maximum).
+    """
+
+    def __init__(self, params: Dict[str, Any], service: Any, existing_root: Any,
+                 shut_off: bool = False) -> None:
         self.params = params
         self.service = service
         self.existing = existing_root
+        self.shut_off = shut_off
         self.name = object_name("name", params["name"])
         self.desired: Dict[str, Any] = {}
         self.new_hostdevs: List[str] = []
@@ -75,6 +110,10 @@ class DomainRequest:
     def build(self) -> Dict[str, Any]:
         p = self.params
         d = self.desired
+        plain_texts(p, TEXT_OPTIONS, multiline=("description",))
+        for option in ("shutdown_timeout", "wait_for_ip_timeout"):
+            if p.get(option) is not None:
+                int_range(option, p[option], 0, TIMEOUT_MAX_S, "seconds; a day at most")
         if p.get("virt_type"):
             d["virt_type"] = p["virt_type"]
         if p.get("machine"):
@@ -138,9 +177,10 @@ class DomainRequest:
         p, d = self.params, self.desired
         mem = memory_kib("memory", p.get("memory"))
         max_mem = memory_kib("max_memory", p.get("max_memory"))
-        for option, value in (("vcpus", p.get("vcpus")), ("max_vcpus", p.get("max_vcpus"))):
-            if value is not None and value < 1:
-                raise InvalidInputError(option, value, "is below 1", "give at least 1 vCPU")
+        for option in ("vcpus", "max_vcpus"):
+            if p.get(option) is not None:
+                int_range(option, p[option], 1, VCPUS_MAX, "QEMU's q35 and KVM's x86 maximum; "
+                          "`virsh domcapabilities` shows this host's")
         if mem is not None:
             d["memory_kib"] = mem
         if max_mem is not None:
@@ -149,6 +189,8 @@ class DomainRequest:
             d["vcpus"] = p["vcpus"]
         if p.get("max_vcpus") is not None:
             d["max_vcpus"] = p["max_vcpus"]
+        if self.existing is not None and self.shut_off:
+            self._raise_maxima()
         if self.existing is not None:
             self._check_limits(
                 d.get("memory_kib", read_memory(self.existing)),
@@ -158,19 +200,58 @@ class DomainRequest:
         else:
             self._check_limits(mem, max_mem, p.get("vcpus"), p.get("max_vcpus"))
 
+    def _raise_maxima(self) -> None:
+        """A shut-off domain takes a new maximum with its next definition: memory or vCPUs
+        above the current maximum raise it, unless the request sets the maximum itself."""
+        d = self.desired
+        if "max_memory_kib" not in d and d.get("memory_kib", 0) > (read_max_memory(self.existing) or 0):
+            d["max_memory_kib"] = d["memory_kib"]
+        if "max_vcpus" not in d and d.get("vcpus", 0) > (read_max_vcpus(self.existing) or 0):
+            self._check_topology_allows(d["vcpus"])
+            d["max_vcpus"] = d["vcpus"]
+
+    def _check_topology_allows(self, vcpus: int) -> None:
+        """An existing CPU topology fixes the maximum (libvirt refuses a mismatch): raising
+        it needs a topology that multiplies to the new count."""
+        if (self.params.get("cpu") or {}).get("sockets"):
+            return  # the request's own topology is checked against vcpus in _cpu
+        topo = read_cpu(self.existing)
+        if all(topo.get(k) for k in ("sockets", "cores", "threads")):
+            total = topo["sockets"] * topo["cores"] * topo["threads"]
+            if total != vcpus:
+                raise InvalidInputError(
+                    "vcpus", vcpus, "is above the domain's maximum vCPUs (%d), which its CPU topology "
+                    "fixes (sockets*cores*threads = %d)" % (read_max_vcpus(self.existing), total),
+                    "set cpu.sockets, cpu.cores and cpu.threads to multiply to %d (with max_vcpus: %d)"
+                    % (vcpus, vcpus))
+
     def _check_limits(self, mem: Optional[int], max_mem: Optional[int],
                       vcpus: Optional[int], max_vcpus: Optional[int]) -> None:
         if mem is not None and max_mem is not None and mem > max_mem:
-            option = "memory" if self.params.get("memory") is not None else "max_memory"
+            if self.params.get("memory") is None:
+                raise InvalidInputError(
+                    "max_memory", self.params.get("max_memory"),
+                    "is below the domain's current memory (%d MiB)" % (mem // 1024),
+                    "lower memory with it or give a larger max_memory")
             raise InvalidInputError(
-                option, self.params.get(option),
+                "memory", self.params.get("memory"),
                 "is above the domain's maximum memory (%d MiB)" % (max_mem // 1024),
-                "lower memory or raise max_memory (a new maximum needs a restart)")
+                "lower memory or raise max_memory" + self._restart_note())
         if vcpus is not None and max_vcpus is not None and vcpus > max_vcpus:
-            option = "vcpus" if self.params.get("vcpus") is not None else "max_vcpus"
+            if self.params.get("vcpus") is None:
+                raise InvalidInputError(
+                    "max_vcpus", self.params.get("max_vcpus"),
+                    "is below the domain's current vCPUs (%d)" % vcpus,
+                    "lower vcpus with it or give a larger max_vcpus")
             raise InvalidInputError(
-                option, self.params.get(option), "is above the domain's maximum vCPUs (%d)" % max_vcpus,
-                "lower vcpus or raise max_vcpus (a new maximum needs a restart)")
+                "vcpus", self.params.get("vcpus"), "is above the domain's maximum vCPUs (%d)" % max_vcpus,
+                "lower vcpus or raise max_vcpus" + self._restart_note())
+
+    def _restart_note(self) -> str:
+        # Only a running domain needs the restart; a shut-off one gets here only when the
+        # request itself sets a maximum below the current value.
+        running = self.existing is not None and not self.shut_off
+        return " (a running domain applies a new maximum at its next restart)" if running else ""
 
     def _cpu(self) -> None:
         p, d = self.params, self.desired
@@ -178,12 +259,15 @@ class DomainRequest:
         if cpu:
             d["cpu"] = {k: cpu.get(k) for k in ("mode", "sockets", "cores", "threads")}
             topo = [cpu.get(k) for k in ("sockets", "cores", "threads")]
+            for key in ("sockets", "cores", "threads"):
+                if cpu.get(key) is not None:
+                    int_range("cpu." + key, cpu[key], 1, VCPUS_MAX, "at most the vCPU maximum")
             if any(topo):
                 if not all(topo):
                     raise InvalidInputError("cpu", cpu, "sets only part of the topology",
                                             "set cpu.sockets, cpu.cores and cpu.threads together")
                 total = topo[0] * topo[1] * topo[2]
-                max_vcpus = p.get("max_vcpus") or p.get("vcpus") or (
+                max_vcpus = d.get("max_vcpus") or p.get("vcpus") or (
                     read_max_vcpus(self.existing) if self.existing is not None else None)
                 if max_vcpus and total != max_vcpus:
                     raise InvalidInputError(
@@ -191,21 +275,38 @@ class DomainRequest:
                         % (total, max_vcpus), "make the topology multiply to max_vcpus")
         pinning = p.get("cpu_pinning")
         if pinning is not None:
-            pins = []
-            for index, pin in enumerate(pinning.get("vcpupin") or []):
-                pins.append({"vcpu": pin["vcpu"],
-                             "cpuset": _cpuset("cpu_pinning.vcpupin[%d].cpuset" % index, pin["cpuset"])})
-            d["cputune"] = {"vcpupin": sorted(pins, key=lambda x: x["vcpu"]),
-                            "emulatorpin": (_cpuset("cpu_pinning.emulatorpin", pinning["emulatorpin"])
+            d["cputune"] = {"vcpupin": self._vcpupins(pinning.get("vcpupin") or []),
+                            "emulatorpin": (cpuset("cpu_pinning.emulatorpin", pinning["emulatorpin"])
                                             if pinning.get("emulatorpin") else None)}
         numa = p.get("numa_tuning")
         if numa is not None:
             d["numatune"] = {"mode": numa.get("mode") or "strict",
-                             "nodeset": _cpuset("numa_tuning.nodeset", numa.get("nodeset"))}
+                             "nodeset": cpuset("numa_tuning.nodeset", numa.get("nodeset"), NUMA_NODE_MAX)}
+        if p.get("hugepage_size") and not p.get("hugepages"):
+            # Validated even when unused, so that a typo does not wait for hugepages: true.
+            hugepage_kib("hugepage_size", p["hugepage_size"])
         if p.get("hugepages") is not None:
-            page = size_bytes("hugepage_size", p.get("hugepage_size")) if p.get("hugepage_size") else None
+            page = hugepage_kib("hugepage_size", p["hugepage_size"]) if p.get("hugepage_size") else None
             d["hugepages"] = {"enabled": bool(p["hugepages"]),
-                              "page_size_kib": page // 1024 if page and p["hugepages"] else None}
+                              "page_size_kib": page if page and p["hugepages"] else None}
+
+    def _vcpupins(self, items: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """vcpupin entries: each vCPU once, and below the maximum (libvirt refuses both)."""
+        # The maximum the definition will have: requested, else the existing one, else (a new
+        # domain) vcpus, which creation_defaults makes the maximum.
+        limit = self.desired.get("max_vcpus") or (
+            read_max_vcpus(self.existing) if self.existing is not None else self.desired.get("vcpus")) \
+            or VCPUS_MAX
+        pins: Dict[int, Dict[str, Any]] = {}
+        for index, pin in enumerate(items):
+            option = "cpu_pinning.vcpupin[%d]" % index
+            vcpu = int_range(option + ".vcpu", pin["vcpu"], 0, limit - 1,
+                             "vCPUs count from 0 to max_vcpus - 1")
+            if vcpu in pins:
+                raise InvalidInputError(option + ".vcpu", vcpu, "is pinned twice",
+                                        "give one vcpupin entry per vCPU")
+            pins[vcpu] = {"vcpu": vcpu, "cpuset": cpuset(option + ".cpuset", pin["cpuset"], CPU_INDEX_MAX)}
+        return [pins[v] for v in sorted(pins)]
 
     def _firmware(self) -> None:
         p, d = self.params, self.desired
@@ -292,6 +393,9 @@ class DomainRequest:
             if bool(network) == bool(bridge):
                 raise InvalidInputError(option, item, "needs exactly one of network or bridge",
                                         "give the libvirt network name (network) or a host bridge (bridge)")
+            if bridge and len(bridge) > IFNAME_MAX:
+                raise InvalidInputError(option + ".bridge", bridge, "is longer than %d characters" % IFNAME_MAX,
+                                        "give the host bridge's name as `ip link` shows it")
             if network and not self.service.network_exists(network):
                 raise InvalidInputError(option + ".network", network, "is not a libvirt network here",
                                         "define it first (mlinfra.kvm.network) or fix the name")
@@ -336,8 +440,8 @@ class DomainRequest:
                     raise InvalidInputError(option, item, "needs both vendor and device",
                                             "give both ids, e.g. vendor: 10de, device: 2204")
                 selector = (_hex4(option + ".vendor", item["vendor"]), _hex4(option + ".device", item["device"]))
-                if (item.get("index") or 0) < 0:
-                    raise InvalidInputError(option + ".index", item["index"], "is negative", "count from 0")
+                int_range(option + ".index", item.get("index") or 0, 0, 65535,
+                          "counted from 0 among the matching devices")
                 parsed.append((option, item, None, selector))
         pci = self.service.pci()
         devices = pci.devices()

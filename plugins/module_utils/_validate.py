@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ._errors import InvalidInputError
 
@@ -18,6 +18,7 @@ _MAC_RE = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 _PCI_RE = re.compile(r"^(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
+_SIZE_MAX = 1024 ** 6  # 1 EiB
 
 
 def object_name(option: str, value: Any) -> str:
@@ -70,6 +71,10 @@ def size_bytes(option: str, value: Any) -> Optional[int]:
         raise InvalidInputError(option, value, "is not a size",
                                 "give bytes or a number with K, M, G, T (binary units), e.g. 10G")
     number, unit = float(match.group(1)), match.group(2).upper()
+    if number * _UNITS[unit] > _SIZE_MAX:
+        # Also keeps float('9' * 400) = inf away from int(), which would raise OverflowError.
+        raise InvalidInputError(option, value, "is larger than any size this collection handles",
+                                "give a size below 1 EiB, e.g. 10G")
     return int(number * _UNITS[unit])
 
 
@@ -77,3 +82,141 @@ def absolute_path(option: str, value: Any) -> str:
     if not isinstance(value, str) or not value.startswith("/") or "\n" in value:
         raise InvalidInputError(option, value, "is not an absolute path", "give a path starting with '/'")
     return value
+
+
+# --------------------------------------------------------------------------- numeric ranges
+
+def int_range(option: str, value: Any, low: int, high: int, why: str = "") -> int:
+    """An integer within [low, high]; ``why`` says where the bounds come from."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = int(str(value).strip())
+        except ValueError:
+            raise InvalidInputError(option, value, "is not a whole number",
+                                    "give a number from %d to %d" % (low, high))
+    if not low <= value <= high:
+        raise InvalidInputError(option, value, "is out of range",
+                                "give a number from %d to %d%s" % (low, high, " (%s)" % why if why else ""))
+    return value
+
+
+# Memory bounds for a domain, in KiB. Below 16 MiB neither SeaBIOS nor OVMF nor any usable
+# kernel boots; 16 TiB is far beyond any host this collection targets and catches unit slips
+# (a bare number means MiB: 16777216 is already 16 TiB).
+MEMORY_MIN_KIB = 16 * 1024
+MEMORY_MAX_KIB = 16 * 1024 ** 3
+
+# QEMU's x86 q35 machine accepts at most 4096 vCPUs (max_cpus, QEMU >= 9.0) and KVM's
+# KVM_MAX_VCPUS on x86 is 4096 too; the host's real limit (`virsh domcapabilities`, <vcpu max>)
+# may be lower, and libvirt enforces that one when the domain is defined.
+VCPUS_MAX = 4096
+
+# Highest host CPU / NUMA node index accepted in a set: Linux's largest x86 NR_CPUS
+# (CONFIG_MAXSMP) is 8192, so index 8191. It also stops '0-999999999' from building a
+# billion-element list.
+CPU_INDEX_MAX = 8191
+
+
+def memory_kib_range(option: str, raw: Any, kib: int) -> int:
+    """``kib`` (parsed from the user's ``raw`` value) within MEMORY_MIN_KIB..MEMORY_MAX_KIB."""
+    if not MEMORY_MIN_KIB <= kib <= MEMORY_MAX_KIB:
+        raise InvalidInputError(option, raw, "is out of range",
+                                "give from 16M to 16T (a bare number means MiB)")
+    return kib
+
+
+_CPUSET_FIX = "write a list such as '0-3', '2,4' or '0-7,^3'"
+_CPUSET_ITEM_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def cpuset(option: str, value: Any, max_index: int = CPU_INDEX_MAX) -> List[int]:
+    """'0-3,^2,8' -> [0, 1, 3, 8], refusing empty items, descending ranges, indexes above
+    ``max_index`` and sets that exclude everything."""
+    if not isinstance(value, (str, int)) or isinstance(value, bool) or str(value).strip() == "":
+        raise InvalidInputError(option, value, "is not a CPU/node set", _CPUSET_FIX)
+    wanted: set = set()
+    excluded: set = set()
+    for item in str(value).replace(" ", "").split(","):
+        target = excluded if item.startswith("^") else wanted
+        low, high = _cpuset_item(option, value, item[1:] if item.startswith("^") else item, max_index)
+        target.update(range(low, high + 1))
+    cpus = sorted(wanted - excluded)
+    if not cpus:
+        raise InvalidInputError(option, value, "selects no CPU or node", _CPUSET_FIX)
+    return cpus
+
+
+def _cpuset_item(option: str, value: Any, item: str, max_index: int) -> Tuple[int, int]:
+    match = _CPUSET_ITEM_RE.match(item)
+    if not match:
+        problem = "has an empty item" if item == "" else "has the item %r, which is not N or N-M" % item
+        raise InvalidInputError(option, value, problem, _CPUSET_FIX)
+    low = int(match.group(1))
+    high = int(match.group(2)) if match.group(2) is not None else low
+    if low > high:
+        raise InvalidInputError(option, value, "has the descending range %r" % item,
+                                "write ranges low to high, e.g. '%d-%d'" % (high, low))
+    if high > max_index:
+        raise InvalidInputError(option, value, "names index %d, above the maximum %d" % (high, max_index),
+                                "use indexes from 0 to %d (see lscpu / numactl -H for this host's)" % max_index)
+    return low, high
+
+
+# --------------------------------------------------------------------------- free text
+
+# lxml refuses these in element text and attributes ("All strings must be XML compatible"),
+# and libvirt/dnsmasq config lines would break on them: C0 controls (tab and newline
+# included, except where a caller says the option is multi-line), DEL, lone surrogates and the non-characters
+# U+FFFE/U+FFFF.
+_BAD_TEXT_RE = re.compile("[\x00-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+# Where a whole text or document is expected (a description, a pool's xml), lines and tabs
+# are content: only the other controls are refused.
+_BAD_MULTILINE_TEXT_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+
+
+def plain_text(option: str, value: Any, multiline: bool = False) -> Any:
+    """Refuse a string that holds a control character; other values pass unchanged.
+    ``multiline`` lets newlines, carriage returns and tabs through (descriptions, documents)."""
+    if isinstance(value, str):
+        found = (_BAD_MULTILINE_TEXT_RE if multiline else _BAD_TEXT_RE).search(value)
+        if found:
+            raise InvalidInputError(
+                option, value, "contains the control character U+%04X at position %d"
+                % (ord(found.group()), found.start()),
+                "remove control characters (%s escapes); they cannot go into XML or configuration files"
+                % ("" if multiline else "newlines, tabs, "))
+    return value
+
+
+def plain_texts(params: Dict[str, Any], paths: Iterable[str], multiline: Iterable[str] = ()) -> None:
+    """Apply :func:`plain_text` to every option named by ``paths``; those also named in
+    ``multiline`` may hold newlines and tabs.
+
+    A path is dotted option names; ``name[]`` walks a list, ``name{}`` a dict (keys and
+    values): ``disks[].path``, ``metadata{}``, ``dns_hosts[].hostnames[]``.
+    """
+    lines_ok = set(multiline)
+    for path in paths:
+        for option, value in _walk(params, path.split("."), ""):
+            plain_text(option, value, multiline=path in lines_ok)
+
+
+def _walk(node: Any, steps: List[str], label: str) -> Iterator[Tuple[str, Any]]:
+    if not steps:
+        yield label, node
+        return
+    step, rest = steps[0], steps[1:]
+    name = step.rstrip("[]{}")
+    value = node.get(name) if isinstance(node, dict) and name else node
+    option = "%s.%s" % (label, name) if label and name else (label or name)
+    if value is None:
+        return
+    if step.endswith("[]") and isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _walk(item, rest, "%s[%d]" % (option, index))
+    elif step.endswith("{}") and isinstance(value, dict):
+        for key, item in value.items():
+            yield option, key
+            yield from _walk(item, rest, "%s.%s" % (option, key))
+    elif not step.endswith(("[]", "{}")):
+        yield from _walk(value, rest, option)

@@ -22,6 +22,9 @@ description:
     attaching/detaching hostdevs and virtio disks, metadata and description. Anything else is
     written to the persistent definition and RV(restart_required) is returned; O(restart=true)
     restarts the domain to apply it.
+  - "Every numeric option is bounded (ranges below), and free-text options refuse control
+    characters (C(0x00)-C(0x1f), C(0x7f)): they could not go into the XML. Bad input fails with the
+    option, the value and the allowed range, before anything changes."
   - Before any change, hostdevs are checked on the host - the device exists, its whole IOMMU group
     is bound to vfio-pci, and no other running domain uses it. Networks, pools and volumes are checked
     to exist. A refused request changes nothing.
@@ -58,17 +61,30 @@ options:
     type: str
   memory:
     description:
-      - Current memory, as a size with unit (V(2G), V(512M)); a bare number means MiB.
+      - Current memory, as a size with unit (V(2G), V(512M)); a bare number means MiB. From 16 MiB to 16 TiB.
       - Required to define a new domain. Changed live (balloon) within O(max_memory).
+      - On a shut-off domain, a value above the current maximum raises the maximum with it (when
+        O(max_memory) is not set). A running domain keeps its maximum until a restart, so there a
+        value above it is refused.
     type: str
   max_memory:
-    description: Maximum memory (libvirt's C(<memory>)); equal to O(memory) on creation. Changing it needs a restart.
+    description:
+      - Maximum memory (libvirt's C(<memory>)); equal to O(memory) on creation. From 16 MiB to 16 TiB.
+      - On a running domain a new maximum is written to the definition and needs a restart.
     type: str
   vcpus:
-    description: Current number of vCPUs; required to define a new domain. Changed live within O(max_vcpus).
+    description:
+      - Current number of vCPUs, from 1 to 4096 (QEMU's q35 and KVM's x86 limit; the host's own,
+        shown by C(virsh domcapabilities), may be lower and libvirt enforces it). Required to define
+        a new domain. Changed live within O(max_vcpus).
+      - On a shut-off domain, a value above the current maximum raises the maximum with it (when
+        O(max_vcpus) is not set; a CPU topology of the domain must then be changed to match, with
+        O(cpu)). On a running domain a value above the maximum is refused.
     type: int
   max_vcpus:
-    description: Maximum number of vCPUs; equal to O(vcpus) on creation. Changing it needs a restart.
+    description:
+      - Maximum number of vCPUs, from 1 to 4096; equal to O(vcpus) on creation.
+      - On a running domain a new maximum is written to the definition and needs a restart.
     type: int
   cpu:
     description: CPU mode and topology.
@@ -80,13 +96,13 @@ options:
         type: str
         choices: [host-passthrough, host-model, maximum]
       sockets:
-        description: Sockets; O(cpu.sockets) * O(cpu.cores) * O(cpu.threads) must equal O(max_vcpus).
+        description: Sockets (1-4096); O(cpu.sockets) * O(cpu.cores) * O(cpu.threads) must equal O(max_vcpus).
         type: int
       cores:
-        description: Cores per socket.
+        description: Cores per socket (1-4096).
         type: int
       threads:
-        description: Threads per core.
+        description: Threads per core (1-4096).
         type: int
   cpu_pinning:
     description: CPU pinning (C(<cputune>)). Replaces all vcpupin and emulatorpin settings.
@@ -98,15 +114,17 @@ options:
         elements: dict
         suboptions:
           vcpu:
-            description: vCPU number, from 0.
+            description: vCPU number, from 0 to the maximum vCPUs - 1; each vCPU at most once.
             type: int
             required: true
           cpuset:
-            description: Host CPU set such as V(2-3) or V(4,6).
+            description:
+              - Host CPU set such as V(2-3), V(4,6) or V(0-7,^3). CPU indexes go from 0 to 8191
+                (Linux's largest NR_CPUS), ranges low to high, no empty items.
             type: str
             required: true
       emulatorpin:
-        description: Host CPU set for QEMU's emulator threads.
+        description: Host CPU set for QEMU's emulator threads, written as O(cpu_pinning.vcpupin[].cpuset).
         type: str
   numa_tuning:
     description: Host NUMA memory policy (C(<numatune>)).
@@ -118,14 +136,14 @@ options:
         choices: [strict, preferred, interleave, restrictive]
         default: strict
       nodeset:
-        description: Host NUMA nodes such as V(0) or V(0-1).
+        description: Host NUMA nodes such as V(0) or V(0-1), from 0 to 1023 (Linux's MAX_NUMNODES).
         type: str
         required: true
   hugepages:
     description: Back guest memory with host hugepages (they must be reserved on the host).
     type: bool
   hugepage_size:
-    description: Hugepage size (V(2M), V(1G)); the host default when not set.
+    description: Hugepage size (V(2M), V(1G)), a power of two from 4K to 16G; the host default when not set.
     type: str
   firmware:
     description:
@@ -224,7 +242,7 @@ options:
         description: libvirt network name.
         type: str
       bridge:
-        description: Host bridge name (instead of O(interfaces[].network)).
+        description: Host bridge name (instead of O(interfaces[].network)), at most 15 characters.
         type: str
       model:
         description: NIC model.
@@ -271,7 +289,7 @@ options:
         description: Device id (hex).
         type: str
       index:
-        description: Which of the matching devices, from 0 in address order.
+        description: Which of the matching devices, from 0 in address order (at most 65535).
         type: int
         default: 0
       include_functions:
@@ -310,7 +328,7 @@ options:
     type: bool
     default: false
   shutdown_timeout:
-    description: Seconds to wait for a guest to shut down.
+    description: Seconds to wait for a guest to shut down, from 0 to 86400.
     type: int
     default: 120
   force:
@@ -322,7 +340,7 @@ options:
     type: bool
     default: false
   wait_for_ip_timeout:
-    description: Seconds to wait for the address.
+    description: Seconds to wait for the address, from 0 to 86400.
     type: int
     default: 300
   sysfs_root:
@@ -487,7 +505,9 @@ class DomainRunner:
             self.ensure_absent(dom, state)
             return self.result(None, "absent")
         existing = self.service.inactive_root(dom) if dom is not None else None
-        request = DomainRequest(self.params, self.service, existing)
+        # Shut off when the definition is written: not running now, or stopped first below.
+        shut_off = state not in ACTIVE_STATES or self.params["state"] in ("shutdown", "destroyed")
+        request = DomainRequest(self.params, self.service, existing, shut_off=shut_off)
         desired = request.build()
         if dom is None:
             request.creation_defaults()

@@ -10,6 +10,9 @@ short_description: Declarative libvirt virtual networks (NAT, routed, isolated, 
 version_added: 0.1.0
 description:
   - Defines, starts, autostarts and removes libvirt networks from structured options.
+  - "Numeric options are bounded (ranges below) and free-text options refuse control characters
+    (C(0x00)-C(0x1f), C(0x7f)); bad input fails naming the option, the value and the fix, before
+    anything changes."
   - Compares the request with the network's persistent definition over the fields that were
     set and acts only on the difference.
   - Changes to static DHCP hosts and DNS host entries of an active network are applied live
@@ -45,24 +48,27 @@ options:
     description:
       - Bridge device name. For V(bridge) mode, an existing host bridge (required).
       - For the other modes, the bridge libvirt creates; libvirt picks C(virbrN) when not set.
+      - A Linux interface name - at most 15 letters, digits, C(.), C(_), C(+), C(-).
     type: str
   forward_dev:
-    description: Host interface that NAT or routed traffic leaves through.
+    description: Host interface that NAT or routed traffic leaves through (at most 15 characters).
     type: str
   domain:
-    description: DNS domain of the network; guests' names resolve as C(name.domain).
+    description:
+      - DNS domain of the network; guests' names resolve as C(name.domain).
+      - Labels of letters, digits and C(-), 1-63 characters each, 253 in all.
     type: str
   mtu:
-    description: MTU of the bridge.
+    description: MTU of the bridge, from 68 (IPv4's minimum) to 65535 (a Linux bridge's maximum).
     type: int
   address:
     description: IPv4 address of the host on the network (the guests' gateway).
     type: str
   netmask:
-    description: IPv4 netmask, dotted (V(255.255.255.0)). Use this or O(prefix).
+    description: IPv4 netmask, dotted, from V(255.0.0.0) to V(255.255.255.252). Use this or O(prefix).
     type: str
   prefix:
-    description: IPv4 prefix length (V(24)). Use this or O(netmask).
+    description: IPv4 prefix length, from 8 to 30 (V(24) when not set). Use this or O(netmask).
     type: int
   dhcp_range:
     description: DHCP address range; both ends must lie inside the network.
@@ -88,7 +94,7 @@ options:
     elements: dict
     suboptions:
       ip: {description: Address., type: str, required: true}
-      hostnames: {description: Names for it., type: list, elements: str, required: true}
+      hostnames: {description: "Names for it (non-empty, at most 253 characters, no empty labels).", type: list, elements: str, required: true}
   autostart:
     description: Start the network when libvirtd starts. Left as it is when not set.
     type: bool
@@ -203,13 +209,31 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt_guards import
     host_addresses, network_start_blockers, other_networks)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import ipv4_address, mac_address, object_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import (
+    int_range, ipv4_address, mac_address, object_name, plain_texts)
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _xml as X
 
 # Fields applied live through virNetworkUpdate; every other field needs a restart.
 LIVE_FIELDS = ("hosts", "dns_hosts")
 RESTART_FIELDS = ("mode", "bridge", "forward_dev", "domain", "mtu", "address", "prefix", "dhcp_range")
 ALL_FIELDS = RESTART_FIELDS + LIVE_FIELDS
+
+# Every free-text option that ends in the network XML (and dnsmasq's configuration): a control
+# character in one would make lxml raise instead of the module naming the option.
+TEXT_OPTIONS = ("bridge", "forward_dev", "domain", "address", "netmask", "dhcp_range.start",
+                "dhcp_range.end", "hosts[].mac", "hosts[].ip", "hosts[].name", "dns_hosts[].ip",
+                "dns_hosts[].hostnames[]")
+# IPv4's minimum MTU (RFC 791) to the largest a Linux bridge takes (ETH_MAX_MTU).
+MTU_MIN = 68
+MTU_MAX = 65535
+# Linux interface names are at most 15 characters (IFNAMSIZ - 1).
+IFNAME_MAX = 15
+# /8 is the widest network libvirt's dnsmasq is given here; /31 and /32 leave no guest address.
+PREFIX_MIN = 8
+PREFIX_MAX = 30
+# A DNS name is at most 253 characters, in labels of at most 63 (RFC 1035).
+DNS_NAME_MAX = 253
+DNS_LABEL_MAX = 63
 
 
 # -- the request ------------------------------------------------------------------------------
@@ -233,6 +257,7 @@ def sort_dns(hosts: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def validated_request(params: Dict[str, Any], local: bool) -> Dict[str, Any]:
     """The normalised spec of the fields the user set; raises InvalidInputError."""
     object_name("name", params["name"])
+    plain_texts(params, TEXT_OPTIONS)
     mode = params["mode"]
     spec: Dict[str, Any] = {"mode": mode}
     for field in ("bridge", "forward_dev", "domain", "mtu"):
@@ -240,9 +265,13 @@ def validated_request(params: Dict[str, Any], local: bool) -> Dict[str, Any]:
             spec[field] = params[field]
     if params["bridge"] is not None:
         object_name("bridge", params["bridge"])
-    if params["domain"] is not None and not all(part and part.replace("-", "").isalnum()
-                                                for part in params["domain"].split(".")):
-        raise InvalidInputError("domain", params["domain"], "is not a DNS domain", "use labels of letters, digits and '-'")
+    for field in ("bridge", "forward_dev"):
+        if params[field] is not None:
+            _interface_name(field, params[field])
+    if params["mtu"] is not None:
+        int_range("mtu", params["mtu"], MTU_MIN, MTU_MAX, "IPv4's minimum to a Linux bridge's maximum")
+    if params["domain"] is not None:
+        dns_name("domain", params["domain"])
     if mode == "bridge":
         return _bridge_request(params, spec, local)
     network = _ip_request(params, spec)
@@ -251,6 +280,31 @@ def validated_request(params: Dict[str, Any], local: bool) -> Dict[str, Any]:
     if params["dns_hosts"] is not None:
         spec["dns_hosts"] = _dns_request(params["dns_hosts"])
     return spec
+
+
+def _interface_name(option: str, value: str) -> str:
+    """A Linux interface name as the kernel takes it (dev_valid_name): 1-15 characters
+    (IFNAMSIZ - 1), no '/', ':' or whitespace, not '.' or '..'. The bridge libvirt creates
+    is also held to the object-name characters (checked by the caller)."""
+    if not value or value in (".", "..") or any(c in value for c in "/:") or any(c.isspace() for c in value):
+        raise InvalidInputError(option, value, "is not a Linux interface name",
+                                "give the name as `ip link` shows it (no '/', ':' or spaces)")
+    if len(value) > IFNAME_MAX:
+        raise InvalidInputError(option, value, "is longer than %d characters" % IFNAME_MAX,
+                                "Linux interface names have at most %d characters; use a shorter one"
+                                % IFNAME_MAX)
+    return value
+
+
+def dns_name(option: str, value: str) -> str:
+    """A DNS name: labels of letters, digits and '-', at most 63 each and 253 in all."""
+    labels = value.split(".")
+    if len(value) > DNS_NAME_MAX or not all(
+            label and len(label) <= DNS_LABEL_MAX and label.replace("-", "").isalnum() for label in labels):
+        raise InvalidInputError(option, value, "is not a DNS name",
+                                "use dot-separated labels of letters, digits and '-' (1-63 characters "
+                                "each, %d in all)" % DNS_NAME_MAX)
+    return value
 
 
 def _bridge_request(params: Dict[str, Any], spec: Dict[str, Any], local: bool) -> Dict[str, Any]:
@@ -280,10 +334,12 @@ def _ip_request(params: Dict[str, Any], spec: Dict[str, Any]) -> Optional[ipaddr
             prefix = ipaddress.IPv4Network("0.0.0.0/%s" % params["netmask"]).prefixlen
         except ValueError:
             raise InvalidInputError("netmask", params["netmask"], "is not a netmask", "write e.g. 255.255.255.0")
+        if not PREFIX_MIN <= prefix <= PREFIX_MAX:
+            raise InvalidInputError("netmask", params["netmask"], "is a /%d network" % prefix,
+                                    "use a netmask from 255.0.0.0 (/8) to 255.255.255.252 (/30)")
     else:
         prefix = params["prefix"] if params["prefix"] is not None else 24
-    if not 8 <= prefix <= 30:
-        raise InvalidInputError("prefix", prefix, "is out of range", "use a prefix from 8 to 30")
+        int_range("prefix", prefix, PREFIX_MIN, PREFIX_MAX, "a /31 or /32 leaves no address for guests")
     network = ipaddress.IPv4Network("%s/%d" % (address, prefix), strict=False)
     if address in (network.network_address, network.broadcast_address):
         raise InvalidInputError("address", params["address"],
@@ -343,6 +399,12 @@ def _dns_request(hosts: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         ip = ipv4_address(option + ".ip", host["ip"])
         if not host["hostnames"]:
             raise InvalidInputError(option + ".hostnames", host["hostnames"], "is empty", "give at least one name")
+        for position, name in enumerate(host["hostnames"]):
+            # Only what DNS cannot hold: dnsmasq serves other characters ('_') as given.
+            if not name or len(name) > DNS_NAME_MAX or "" in name.rstrip(".").split("."):
+                raise InvalidInputError("%s.hostnames[%d]" % (option, position), name, "is not a DNS name",
+                                        "give a non-empty name of at most %d characters without empty "
+                                        "labels ('..')" % DNS_NAME_MAX)
         out.append({"ip": str(ip), "hostnames": sorted(host["hostnames"])})
     return sort_dns(out)
 
@@ -678,8 +740,8 @@ class NetworkRunner:
                 self.service.set_autostart(net, wanted)
 
 
-def main() -> None:
-    argument_spec: Dict[str, Any] = dict(
+def argument_spec() -> Dict[str, Any]:
+    spec: Dict[str, Any] = dict(
         name=dict(type="str", required=True),
         state=dict(type="str", default="active", choices=["active", "present", "absent"]),
         mode=dict(type="str", default="nat", choices=["nat", "route", "isolated", "bridge"]),
@@ -701,8 +763,12 @@ def main() -> None:
         autostart=dict(type="bool"),
         restart=dict(type="bool", default=False),
     )
-    argument_spec.update(LIBVIRT_ARGSPEC)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+    spec.update(LIBVIRT_ARGSPEC)
+    return spec
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True,
                            mutually_exclusive=[("netmask", "prefix")])
 
     def runner() -> Dict[str, Any]:

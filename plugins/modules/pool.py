@@ -95,8 +95,13 @@ options:
     description:
       - Escape hatch, the complete pool XML to define instead of the structured options.
         Compared as a whole (normalised) with the current definition.
+      - Its C(<name>) must equal O(name); a document that is not well-formed, is not a C(<pool>)
+        or names another pool is refused (naming both names) before anything is done.
     type: str
 notes:
+  - Free-text options that end up in the pool XML (O(name), O(target), O(source_host),
+    O(source_dir), O(source_name), O(source_devices)) may not contain control characters; such
+    values are refused, naming the option and value, before libvirt is contacted.
   - The in-use check of O(purge) reads every defined domain's disks and follows backing chains
     through volumes libvirt knows; it matches volumes by path (C(target/name)) and by
     C(<source pool= volume=>). A disk that reaches the file through a symlink is not recognised.
@@ -170,13 +175,49 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIR
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt_guards import DiskUsage
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name, plain_text
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _xml as X
 
 # Fields of a pool definition that the structured options cover.
 SPEC_FIELDS = ("type", "target", "source_host", "source_dir", "source_format", "source_name", "source_devices")
 # Fields whose change moves the pool's storage: refused unless recreate.
 RELOCATING_FIELDS = ("type", "target", "source_host", "source_dir", "source_name")
+
+
+# Free-text options that end up in the pool XML (or in file names): no control characters.
+TEXT_OPTIONS = ("name", "target", "source_host", "source_dir", "source_name")
+
+
+def validate_input(params: Dict[str, Any]) -> None:
+    """Checks that need no libvirt: run before connecting, so bad input changes nothing."""
+    for option in TEXT_OPTIONS:
+        plain_text(option, params.get(option))
+    for index, device in enumerate(params.get("source_devices") or []):
+        plain_text("source_devices[%d]" % index, device)
+    object_name("name", params["name"])
+    if params.get("xml") is not None:
+        xml_name(params["name"], params["xml"])
+
+
+def xml_name(name: str, xml: str) -> None:
+    """The ``xml`` escape hatch must parse and define the pool the ``name`` option names.
+
+    Otherwise the module would look up one pool and define another: every run would report
+    a change, and a pool named only in the XML would be created behind the name's back.
+    """
+    plain_text("xml", xml, multiline=True)
+    try:
+        root = X.parse(xml)
+    except (X.etree.XMLSyntaxError, ValueError) as exc:
+        raise InvalidInputError("xml", xml, "is not well-formed XML (%s)" % exc,
+                                "give a complete <pool> document") from None
+    if root.tag != "pool":
+        raise InvalidInputError("xml", xml, "has root element <%s>, not <pool>" % root.tag,
+                                "give a complete <pool type='...'> document")
+    inner = X.text(root, "name")
+    if inner != name:
+        raise InvalidInputError("xml", xml, "defines the pool <name>%s</name> but option name is %r" % (inner, name),
+                                "make <name> in xml and the name option the same")
 
 
 def desired_spec(params: Dict[str, Any]) -> Dict[str, Any]:
@@ -313,7 +354,7 @@ class PoolRunner:
     # -- validation -------------------------------------------------------------------------
     def validate(self) -> None:
         p = self.params
-        object_name("name", p["name"])
+        validate_input(p)
         if p["state"] == "absent" or p["xml"]:
             return
         if p["type"] in ("dir", "netfs") and not p["target"]:
@@ -551,6 +592,7 @@ def main() -> None:
                            mutually_exclusive=[("xml", "target")])
 
     def runner() -> Dict[str, Any]:
+        validate_input(module.params)  # bad input fails before libvirt is even contacted
         with Connection(module.params["uri"]) as connection:
             return PoolRunner(module, PoolService(connection.conn), is_local(connection.uri)).run()
 

@@ -48,6 +48,8 @@ options:
       - Required for an empty volume. Defaults to the backing image's virtual size for an
         overlay, and to the imported image's virtual size for an import.
       - A larger value than the current one grows the volume; a smaller one is refused.
+      - Must be more than 0 and at most 1 PiB (V(1P)); anything else is refused before libvirt is
+        contacted, naming the value.
     type: str
   format:
     description: Volume format. For an import, defaults to the format of the imported file.
@@ -66,8 +68,26 @@ options:
     description:
       - Local image file whose content becomes the volume, uploaded through libvirt.
       - Only when the volume does not exist yet; an existing volume is never overwritten.
+      - The upload goes into a temporary volume C(NAME.mlinfra-partial). Only when every byte of
+        the file was sent, the file did not change size while it was read, and libvirt reports the
+        expected virtual size, is the volume O(name) created from it (a copy made by libvirt, so
+        the pool needs room for the image twice during the import) and the temporary deleted.
+        A failed or interrupted import therefore never leaves a volume O(name) that a later run
+        would call unchanged.
+      - Any run for O(name) (any O(state), check mode included in its prediction) deletes a
+        temporary volume an interrupted import left, and reports it as a change.
     type: path
 notes:
+  - Free-text options (O(name), O(pool), O(backing), O(import_from), O(capacity)) may not contain
+    control characters (newlines, tabs, escapes); such values are refused before anything is done.
+  - With a local URI, each run holds a lock file C(/run/mlinfra/volume@POOL@NAME.lock) (or under
+    C(/tmp/mlinfra-UID) where C(/run/mlinfra) is not writable) while it works on the volume. Two
+    runs for the same volume at once serialise; the second sees the volume the first made and
+    reports it unchanged, and never resizes or uploads into a volume still being made. With a
+    remote URI there is no shared lock; libvirt's own refusals (the volume exists already, or is
+    still being allocated) are reported as clear errors instead.
+  - A failure after something was changed reports C(changed=true) and lists in C(done) what was
+    changed (for example a leftover temporary volume that was deleted).
   - The in-use check reads every defined domain's disks (persistent definition, and the live
     one of running domains) and follows backing chains through volumes libvirt knows. A disk
     that uses the file through another path (a symlink) is not recognised.
@@ -123,6 +143,13 @@ actions:
   returned: always
   type: list
   elements: str
+  sample: ["delete leftover partial import base.qcow2.mlinfra-partial", "import /srv/build/base.qcow2"]
+done:
+  description:
+    - On a failure after a change, the changes already made (the failure then has C(changed=true)).
+  returned: on failure after a partial change
+  type: list
+  elements: str
 users:
   description:
     - The defined domains that use the volume, one line each, when V(state=absent) met a volume
@@ -135,21 +162,42 @@ users:
 
 import json
 import os
+from contextlib import nullcontext
 from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt, lookup
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import (ConflictError, InvalidInputError, KvmError,
+                                                                          LibvirtCallError)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import (LIBVIRT_ARGSPEC, Connection, call, libvirt,
+                                                                           lookup, resolve_uri)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt_guards import DiskUsage
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name, size_bytes
+from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name, plain_text, size_bytes
+from ansible_collections.mlinfra.kvm.plugins.module_utils._volume_io import (PARTIAL_SUFFIX, capacity_in_range,
+                                                                             partial_name, stream_file, volume_lock)
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _xml as X
 
 DIFF_FIELDS = ("state", "format", "capacity", "backing", "backing_format")
-CHUNK = 4 * 1024 * 1024
+TEXT_OPTIONS = ("name", "pool", "capacity", "backing", "import_from")
+
+
+def validate_params(params: Dict[str, Any]) -> Optional[int]:
+    """Check every option before libvirt is contacted; the capacity in bytes.
+
+    Control characters first: the name regex of _validate accepts a trailing newline.
+    """
+    for option in TEXT_OPTIONS:
+        plain_text(option, params.get(option))
+    object_name("name", params["name"])
+    object_name("pool", params["pool"])
+    if params["name"].endswith(PARTIAL_SUFFIX):
+        # Such a name is this module's temporary: a run for the shorter name would delete it.
+        raise InvalidInputError("name", params["name"], "ends with %s, the suffix of an import's temporary volume"
+                                % PARTIAL_SUFFIX, "choose a name that does not end with %s" % PARTIAL_SUFFIX)
+    return capacity_in_range("capacity", params["capacity"], size_bytes("capacity", params["capacity"]))
 
 
 def human(n: Optional[int]) -> str:
@@ -214,16 +262,33 @@ class VolumeService:
                                     "give a qcow2 or raw image file")
         return json.loads(out)
 
-    def create(self, pool: Any, xml: str) -> Any:
-        return call("creating volume", pool.createXML, xml, 0)
+    def create(self, pool: Any, xml: str, name: str) -> Any:
+        try:
+            return call("creating volume %s" % name, pool.createXML, xml, 0)
+        except LibvirtCallError as err:
+            raise self.concurrent(err, name) from None
 
-    def upload(self, vol: Any, path: str) -> None:
-        size = os.path.getsize(path)
+    def clone(self, pool: Any, xml: str, name: str, source: Any) -> Any:
+        try:
+            return call("copying %s into volume %s" % (source.name(), name), pool.createXMLFrom, xml, source, 0)
+        except LibvirtCallError as err:
+            raise self.concurrent(err, name) from None
+
+    @staticmethod
+    def concurrent(err: LibvirtCallError, name: str) -> KvmError:
+        """libvirt's refusals that mean another client (remote URIs: no host lock) got there first."""
+        if err.code == libvirt.VIR_ERR_STORAGE_VOL_EXIST:
+            return ConflictError("volume %s was created by another client while this run was creating it (%s); "
+                                 "nothing of it was changed by this run. Run again to check it." % (name, err.msg),
+                                 option="name", libvirt_code=err.code)
+        return err
+
+    def upload(self, vol: Any, path: str, size: int) -> int:
+        """Stream ``size`` bytes of ``path`` into ``vol``; the bytes sent (always ``size``)."""
         stream = call("opening an upload stream", self.conn.newStream, 0)
         call("starting the upload", vol.upload, stream, 0, size, 0)
         try:
-            with open(path, "rb") as handle:
-                call("uploading %s" % path, stream.sendAll, lambda _st, nbytes, fh: fh.read(min(nbytes, CHUNK)), handle)
+            sent = stream_file(path, size, lambda data: self.send(stream, data))
             call("finishing the upload", stream.finish)
         except KvmError:
             try:
@@ -231,9 +296,34 @@ class VolumeService:
             except libvirt.libvirtError:  # the stream is already broken; the original error matters
                 pass
             raise
+        return sent
+
+    @staticmethod
+    def send(stream: Any, data: bytes) -> None:
+        # virStreamSend may accept less than it was given; loop until libvirt took it all.
+        view = memoryview(data)
+        while view:
+            count = call("uploading", stream.send, bytes(view))
+            if count < 0:
+                raise KvmError("libvirt's upload stream refused data (send returned %d)" % count)
+            view = view[count:]
+
+    def verify(self, vol: Any, capacity: int, what: str) -> None:
+        """libvirt re-reads the volume for info(): its capacity must be what was uploaded."""
+        _, held, _ = call("reading volume info", vol.info)
+        if held != capacity:
+            raise KvmError("volume %s holds %d bytes of virtual size after %s, %d were expected; the copy is "
+                           "discarded. Check the image (qemu-img check) and run again." % (vol.name(), held, what, capacity))
 
     def resize(self, vol: Any, capacity: int) -> None:
-        call("resizing volume %s" % vol.name(), vol.resize, capacity, 0)
+        try:
+            call("resizing volume %s" % vol.name(), vol.resize, capacity, 0)
+        except LibvirtCallError as err:
+            if err.code == libvirt.VIR_ERR_OPERATION_INVALID and "allocated" in err.msg:
+                raise ConflictError("volume %s is still being allocated by another client; it was not resized. "
+                                    "Run again once that finishes (%s)." % (vol.name(), err.msg),
+                                    option="capacity", libvirt_code=err.code) from None
+            raise
 
     def delete(self, vol: Any) -> None:
         call("deleting volume %s" % vol.name(), vol.delete, 0)
@@ -253,12 +343,14 @@ class VolumeRunner:
         self.local = local
         self.check = module.check_mode
         self.tracker = DifferenceTracker()
+        # Host changes already made in this run (real runs only), for partial-failure reports.
+        self.changes: List[str] = []
+        # The temporary volume an interrupted import left, found by run(); None once handled.
+        self.leftover: Optional[Any] = None
 
     def run(self) -> Dict[str, Any]:
         p = self.params
-        object_name("name", p["name"])
-        object_name("pool", p["pool"])
-        capacity = size_bytes("capacity", p["capacity"])
+        capacity = validate_params(p)
         pool = self.service.pool(p["pool"])
         if pool is None and p["state"] == "absent":
             # No pool, no volume: a teardown that runs twice must not fail the second time.
@@ -276,12 +368,18 @@ class VolumeRunner:
         vol = self.service.volume(pool, p["name"])
         before = self.service.describe(p["pool"], vol)
         users: Optional[List[str]] = None
-        if p["state"] == "absent":
-            users = self.delete(vol)
-        elif vol is None:
-            self.create(pool, capacity)
-        else:
-            self.update(vol, before, capacity)
+        self.leftover = self.service.volume(pool, partial_name(p["name"]))
+        try:
+            if p["state"] == "absent":
+                users = self.delete(vol)
+            elif vol is None:
+                self.create(pool, capacity)
+            else:
+                self.update(vol, before, capacity)
+            self.remove_leftover()  # after the checks above, so that a refusal changes nothing
+        except KvmError as err:
+            self.report_partial(err)
+            raise
         after = dict(before)
         after.update(self.tracker.get_after())
         xml = ""
@@ -296,6 +394,32 @@ class VolumeRunner:
             result["diff"] = self.tracker.diff({f: before.get(f) for f in DIFF_FIELDS},
                                                {f: after.get(f) for f in DIFF_FIELDS})
         return result
+
+    def done(self, what: str) -> None:
+        """Record a change made to the host, for the report of a later failure."""
+        self.changes.append(what)
+
+    def report_partial(self, err: KvmError) -> None:
+        """A failure after a change says changed=true and lists what was done."""
+        if self.changes and not self.check:
+            err.details.update(changed=True, done=list(self.changes))
+            err.msg = "%s (already done: %s)" % (err.msg, "; ".join(self.changes))
+
+    def remove_leftover(self) -> None:
+        """Delete the temporary volume an interrupted import left (any state, any run for this name).
+
+        An interrupted upload must never look like a finished volume: it only ever exists
+        under the partial name, and the next run for this volume removes it. Called once
+        every check of the run passed (an import calls it just before it uploads).
+        """
+        leftover, self.leftover = self.leftover, None
+        if leftover is None:
+            return
+        name = partial_name(self.params["name"])
+        self.tracker.action("delete leftover partial import %s" % name)
+        if not self.check:
+            self.service.delete(leftover)
+            self.done("deleted leftover partial import %s" % name)
 
     # -- delete -----------------------------------------------------------------------------
     def delete(self, vol: Optional[Any]) -> Optional[List[str]]:
@@ -347,7 +471,7 @@ class VolumeRunner:
             self.tracker.add(field, None if field != "state" else "absent", value, active=value is not None)
         self.tracker.action("create")
         if not self.check:
-            self.service.create(pool, build_xml(p["name"], fmt, capacity, backing, backing_format))
+            self.service.create(pool, build_xml(p["name"], fmt, capacity, backing, backing_format), p["name"])
 
     def backing_image(self):
         p = self.params
@@ -386,24 +510,54 @@ class VolumeRunner:
         if capacity is not None and capacity < virtual:
             raise InvalidInputError("capacity", p["capacity"], "is smaller than the imported image (%s)" % human(virtual),
                                     "give at least %d bytes, or leave capacity unset" % virtual)
-        self.check_free_space(pool, os.path.getsize(path))
+        size = os.path.getsize(path)
+        # Twice the file: the upload lands in a temporary volume that is then copied.
+        self.check_free_space(pool, 2 * size)
+        final_capacity = max(capacity or 0, virtual)
         self.tracker.add("state", "absent", "present")
         self.tracker.add("format", None, fmt)
-        self.tracker.add("capacity", None, max(capacity or 0, virtual))
+        self.tracker.add("capacity", None, final_capacity)
+        self.remove_leftover()
         self.tracker.action("import %s" % path)
-        if capacity and capacity > virtual:
-            self.tracker.action("grow to %s" % human(capacity))
-        if self.check:
-            return
-        vol = self.service.create(pool, build_xml(p["name"], fmt, virtual, None, None))
+        if final_capacity > virtual:
+            self.tracker.action("grow to %s" % human(final_capacity))
+        if not self.check:
+            self.import_verified(pool, path, size, fmt, virtual, final_capacity)
+
+    def import_verified(self, pool: Any, path: str, size: int, fmt: str, virtual: int, capacity: int) -> None:
+        """Upload into NAME.mlinfra-partial, verify, then copy it to NAME and drop the temporary.
+
+        libvirt has no rename, and a completion marker cannot be kept: a dir pool rebuilds a
+        volume's XML from the file, so nothing written into it survives. libvirt's own copy
+        (createXMLFrom) works for every pool type and remote URIs, and it removes its target
+        itself when the copy fails, so NAME appears only complete. It costs a second copy
+        of the image on the host; imports happen once per image, so that is paid rarely.
+        """
+        name = self.params["name"]
+        temp_name = partial_name(name)
+        temp = self.service.create(pool, build_xml(temp_name, fmt, virtual, None, None), temp_name)
+        self.done("created temporary volume %s" % temp_name)
         try:
-            self.service.upload(vol, path)
-            if capacity and capacity > virtual:
-                self.service.resize(vol, capacity)
+            sent = self.service.upload(temp, path, size)
+            self.service.verify(temp, virtual, "uploading %d bytes of %s" % (sent, path))
+            if capacity > virtual:
+                self.service.resize(temp, capacity)
+            self.service.clone(pool, build_xml(name, fmt, capacity, None, None), name, temp)
         except KvmError:
-            # A half-uploaded volume would look done on the next run: remove it.
-            self.service.delete(vol)
+            self.discard(temp, temp_name)
             raise
+        self.done("created volume %s from %s" % (name, temp_name))
+        self.service.delete(temp)
+        self.changes.remove("created temporary volume %s" % temp_name)
+
+    def discard(self, temp: Any, temp_name: str) -> None:
+        """Remove an incomplete temporary volume; if that fails too, the report says it is left."""
+        try:
+            self.service.delete(temp)
+        except KvmError as err:
+            self.done("could not delete %s (%s); the next run deletes it" % (temp_name, err.msg))
+            return
+        self.changes.remove("created temporary volume %s" % temp_name)
 
     def check_free_space(self, pool: Any, needed: int) -> None:
         available = self.service.pool_available(pool)
@@ -456,9 +610,16 @@ def main() -> None:
                            mutually_exclusive=[("backing", "import_from")])
 
     def runner() -> Dict[str, Any]:
-        with Connection(module.params["uri"]) as connection:
-            service = VolumeService(module, connection.conn)
-            return VolumeRunner(module, service, is_local(connection.uri)).run()
+        p = module.params
+        validate_params(p)  # bad input fails before libvirt is even contacted
+        local = is_local(resolve_uri(p["uri"]))
+        # Host-local lock (local URIs): a second run for the same volume waits and then sees
+        # the finished volume, never one that is still being allocated or uploaded. For a
+        # remote URI no lock is shared; libvirt's own refusals (volume exists, still being
+        # allocated) then come back as clear errors.
+        with volume_lock(p["pool"], p["name"]) if local else nullcontext():
+            with Connection(p["uri"]) as connection:
+                return VolumeRunner(module, VolumeService(module, connection.conn), local).run()
 
     run(module, runner)
 

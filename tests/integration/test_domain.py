@@ -347,10 +347,50 @@ def test_refuses_malformed_pci_address(env, run_module, sysfs):
             "hostdevs[0].address", "is not a PCI address", "0000:01:00.0")
 
 
-def test_refuses_memory_above_maximum(env, run_module):
+def test_refuses_memory_above_an_explicit_maximum(env, run_module):
+    # A shut-off domain takes a new maximum (see below), but not one the request itself caps.
     run_module("domain", base(env))
-    refused(env, run_module, {"name": env["vm"], "uri": env["uri"], "memory": "512M"},
-            "option memory", "maximum memory (256 MiB)", "raise max_memory")
+    refused(env, run_module, {"name": env["vm"], "uri": env["uri"], "memory": "512M", "max_memory": "384M"},
+            "option memory", "maximum memory (384 MiB)", "raise max_memory")
+
+
+def test_shut_off_domain_raises_its_maxima_four_ways(env, run_module):
+    """Memory and vCPUs above the maxima of a defined, never started domain raise the maxima:
+    only a running domain needs a restart for that."""
+    assert not run_module("domain", base(env))["failed"]  # max 256 MiB / 2 vCPUs, shut off
+    args = {"name": env["vm"], "uri": env["uri"], "memory": "512M", "vcpus": 3}
+    results = four_ways("domain", args)
+    for step in ("check", "apply"):
+        assert results[step]["actions"] == ["redefine"], results[step]
+        assert results[step]["restart_required"] is False
+        dom = results[step]["domain"]
+        assert (dom["memory_mib"], dom["max_memory_mib"], dom["vcpus"], dom["max_vcpus"]) == (512, 512, 3, 3)
+        assert results[step]["diff"]["before"] == {"max_memory_kib": 262144, "memory_kib": 131072,
+                                                   "max_vcpus": 2, "vcpus": 1}
+    domain = env["conn"].lookupByName(env["vm"])
+    assert domain.state()[0] == libvirt.VIR_DOMAIN_SHUTOFF  # never started
+    assert domain.maxMemory() == 524288
+    assert domain.vcpusFlags(libvirt.VIR_DOMAIN_AFFECT_CONFIG | libvirt.VIR_DOMAIN_VCPU_MAXIMUM) == 3
+    assert domain.vcpusFlags(libvirt.VIR_DOMAIN_AFFECT_CONFIG) == 3
+    assert results["check_again"]["domain"]["max_memory_mib"] == 512
+
+
+@pytest.mark.parametrize("extra,option,fragment", [
+    ({"description": "colour\x1b[31m"}, "description", "control character U+001B"),
+    ({"metadata": {"role": "worker\x1b[31m"}}, "metadata.role", "control character U+001B"),
+    ({"cmdline": "console=ttyS0\x00", "kernel": "/boot/vmlinuz"}, "cmdline", "control character U+0000"),
+    ({"memory": "8M"}, "memory", "from 16M to 16T"),
+    ({"vcpus": 4097, "max_vcpus": 4097}, "vcpus", "from 1 to 4096"),
+    ({"cpu_pinning": {"vcpupin": [{"vcpu": 0, "cpuset": "0-999999999"}]}}, "cpu_pinning.vcpupin[0].cpuset",
+     "above the maximum 8191"),
+    ({"cpu_pinning": {"emulatorpin": "5-2"}}, "cpu_pinning.emulatorpin", "descending range"),
+])
+def test_refuses_unbounded_or_control_character_input(env, run_module, extra, option, fragment):
+    """On the real daemon: a clean failure naming the option (no lxml traceback), nothing
+    defined or changed."""
+    run_module("domain", base(env))
+    result = refused(env, run_module, base(env, **extra), "option %s:" % option, fragment)
+    assert result["option"] == option and "Traceback" not in result.get("module_stderr", "")
 
 
 def test_refuses_unknown_network(env, run_module):

@@ -299,26 +299,6 @@ def test_restart_to_a_new_bridge_name_four_ways(net_args, prefix, run_module):
     assert net_xml_fields(net_args["name"], False)[1] == bridge
 
 
-def test_failed_start_restores_the_previous_definition(net_args, subnet, run_module):
-    run_module("network", net_args)
-    before = net_xml_fields(net_args["name"], False)
-    # Passes every pre-check but the kernel refuses it when libvirt creates the bridge: a real
-    # start failure after the stop (bridges take at most 65535).
-    bad = dict(net_args, restart=True, mtu=70000)
-    predicted = run_module("network", bad, check=True)
-    assert not predicted["failed"] and predicted["actions"] == ["redefine", "restart"], predicted
-    result = run_module("network", bad)
-    assert result["failed"] and result["changed"] is True and result["restored"] is True, result
-    assert "did not start with the new definition" in result["msg"] and "previous definition was restored" in result["msg"]
-    assert "MTU" in result["libvirt_message"], result["libvirt_message"]
-    assert result["actions"] == ["redefine", "stop", "start (failed)", "restore previous definition", "start"]
-    assert is_active(net_args["name"]), "guests must get their network back"
-    assert net_xml_fields(net_args["name"], False) == before
-    assert net_xml_fields(net_args["name"], True) == before
-    again = run_module("network", net_args)
-    assert not again["failed"] and again["changed"] is False and again["restart_required"] is False, again
-
-
 @pytest.fixture
 def host_dummy(prefix, subnet):
     """A host interface (a bare bridge: the dummy driver may be missing) holding an address in a
@@ -332,3 +312,55 @@ def host_dummy(prefix, subnet):
         yield {"name": name, "subnet": taken}
     finally:
         subprocess.run(["ip", "link", "del", name], check=False)
+
+
+# -- issue 13: bounded values and no control characters, refused before anything changes -----------
+
+@pytest.mark.parametrize("extra,starts", [
+    ({"mtu": 67}, "option mtu: value 67 is out of range; give a number from 68 to 65535"),
+    ({"mtu": 65536}, "option mtu: value 65536 is out of range; give a number from 68 to 65535"),
+    ({"prefix": 31}, "option prefix: value 31 is out of range; give a number from 8 to 30"),
+    ({"domain": "lab\ninternal"}, "option domain: value 'lab\\ninternal' contains the control character U+000A"),
+    ({"dns_hosts": [{"ip": "192.0.2.5", "hostnames": ["ok", "bad\x01"]}]},
+     "option dns_hosts[0].hostnames[1]: value 'bad\\x01' contains the control character U+0001"),
+    ({"forward_dev": "eth0\t"}, "option forward_dev: value 'eth0\\t' contains the control character U+0009"),
+    ({"bridge": "mlkvm0123456789x"}, "option bridge: value 'mlkvm0123456789x' is longer than 15 characters"),
+])
+def test_out_of_range_and_control_characters_refused(net_args, subnet, run_module, extra, starts):
+    args = dict(net_args, **extra)
+    if "dns_hosts" in extra:
+        args["dns_hosts"] = [dict(h, ip=subnet + ".5") for h in extra["dns_hosts"]]
+    result = _assert_refused(run_module, args, starts)
+    assert result["changed"] is False and result["option"] == starts.split(":")[0][len("option "):]
+
+
+def test_out_of_range_change_leaves_an_existing_network_untouched(net_args, run_module):
+    assert not run_module("network", net_args)["failed"]
+    before = live_xml(net_args["name"], inactive=True)
+    for check in (True, False):
+        result = run_module("network", dict(net_args, mtu=70000), check=check)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["msg"].startswith("option mtu: value 70000 is out of range"), result["msg"]
+    assert live_xml(net_args["name"], inactive=True) == before
+
+
+def test_failed_start_restores_the_previous_definition_kernel_refuses_the_bridge_name(net_args, run_module):
+    """The restore safety net with a trigger that input validation does not see: MTU 70000, the
+    former trigger, is now refused before anything changes (issue 13). The kernel refuses an
+    interface named 'all' (it would clash with /proc/sys/net/*/conf/all), which no pre-check
+    predicts: a real start failure after the stop."""
+    run_module("network", net_args)
+    before = net_xml_fields(net_args["name"], False)
+    bad = dict(net_args, restart=True, bridge="all")
+    predicted = run_module("network", bad, check=True)
+    assert not predicted["failed"] and predicted["actions"] == ["redefine", "restart"], predicted
+    result = run_module("network", bad)
+    assert result["failed"] and result["changed"] is True and result["restored"] is True, result
+    assert "did not start with the new definition" in result["msg"] and "previous definition was restored" in result["msg"]
+    assert result["libvirt_message"], result
+    assert result["actions"] == ["redefine", "stop", "start (failed)", "restore previous definition", "start"]
+    assert is_active(net_args["name"]), "guests must get their network back"
+    assert net_xml_fields(net_args["name"], False) == before
+    assert net_xml_fields(net_args["name"], True) == before
+    again = run_module("network", net_args)
+    assert not again["failed"] and again["changed"] is False and again["restart_required"] is False, again

@@ -269,3 +269,39 @@ def test_purge_of_an_inactive_pool_predicts_its_volumes(pool_args, pool_with_dis
         "delete target directory", "undefine"]
     assert results["check"]["purged"] == results["apply"]["purged"] == ["a.qcow2", "b.qcow2"]
     assert not os.path.exists(pool_args["target"])
+
+
+# -- bounded input: refused in check and real runs, nothing defined or built --------------------
+
+def pool_names():
+    conn = libvirt.open("qemu:///system")
+    try:
+        return [p.name() for p in conn.listAllStoragePools()]
+    finally:
+        conn.close()
+
+
+def test_xml_whose_name_differs_is_refused_then_the_fixed_one_applies(libvirt_cleanup, run_module, tmp_path):
+    name, other = libvirt_cleanup + "xmlname", libvirt_cleanup + "other"
+    os.makedirs(tmp_path / "x")
+    xml = "<pool type='dir'><name>%s</name><target><path>%s</path></target></pool>"
+    for check in (True, False):
+        result = run_module("pool", {"name": name, "xml": xml % (other, tmp_path / "x"), "state": "present"},
+                            check=check)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["msg"].startswith("option xml: value ")
+        assert "<name>%s</name>" % other in result["msg"] and "option name is %r" % name in result["msg"]
+    assert name not in pool_names() and other not in pool_names()
+    four_ways("pool", {"name": name, "xml": xml % (name, tmp_path / "x"), "state": "present"})
+
+
+@pytest.mark.parametrize("option, value", [("target", "/tmp/mlkvmtest-ctl\n"), ("name", "mlkvmtest-ctl\x1b")])
+def test_control_characters_refused_nothing_defined(libvirt_cleanup, run_module, tmp_path, option, value):
+    args = {"name": libvirt_cleanup + "ctl", "target": str(tmp_path / "p")}
+    args[option] = value
+    for check in (True, False):
+        result = run_module("pool", args, check=check)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["msg"].startswith("option %s: value %r contains the control character" % (option, value))
+    assert not any(n.startswith(libvirt_cleanup) for n in pool_names())
+    assert not os.path.exists(tmp_path / "p") and not os.path.exists(value)

@@ -238,3 +238,195 @@ def test_absent_in_a_pool_that_does_not_exist_is_nothing_to_do(run_module, libvi
         result = run_module("volume", args, check=check)
         assert not result["failed"] and result["changed"] is False, result
         assert result["volume"]["state"] == "absent"
+
+
+# -- import_from: only a complete, verified upload becomes the volume ---------------------------
+
+PARTIAL = ".mlinfra-partial"
+
+
+def pool_volumes(pool_name):
+    conn = libvirt.open("qemu:///system")
+    try:
+        pool = conn.storagePoolLookupByName(pool_name)
+        pool.refresh(0)
+        return sorted(v.name() for v in pool.listAllVolumes())
+    finally:
+        conn.close()
+
+
+def short_read_file():
+    """A real file whose stat size (4096) is more than a read returns: sysfs attributes are
+    reported as 4096 bytes but hold a few. Reading it behaves like a file truncated while
+    it is uploaded, without a race."""
+    for path in ("/sys/kernel/uevent_seqnum", "/sys/kernel/mm/transparent_hugepage/enabled", "/sys/power/state"):
+        if os.path.isfile(path) and os.path.getsize(path) > 0:
+            with open(path, "rb") as handle:
+                if len(handle.read()) < os.path.getsize(path):
+                    return path
+    pytest.skip("no sysfs attribute file here to provoke a short read")
+
+
+def pattern_image(path, size):
+    block = (b"MLINFRA-IMPORT-" * 70000)[:1024 * 1024]
+    with open(path, "wb") as handle:
+        for _ in range(size // len(block)):
+            handle.write(block)
+    return block
+
+
+def test_import_short_read_leaves_no_volume_and_rerun_completes(pool, run_module, tmp_path):
+    src = str(tmp_path / "src.raw")
+    os.symlink(short_read_file(), src)
+    args = {"name": "cut.raw", "pool": pool["name"], "import_from": src}
+    result = run_module("volume", args)
+    assert result["failed"], result
+    assert result["msg"].startswith("option import_from: value %r delivered " % src), result["msg"]
+    assert "of 4096 bytes" in result["msg"] and "Traceback" not in result["msg"]
+    assert result["changed"] is False, "the temporary volume was removed again: nothing is left changed"
+    assert pool_volumes(pool["name"]) == [], "neither the volume nor its temporary may remain"
+    # The same request against a complete file: the run the failure asked for does the import.
+    os.unlink(src)
+    block = pattern_image(src, 4 * 1024 * 1024)
+    results = four_ways("volume", args)
+    assert results["check"]["actions"] == results["apply"]["actions"] == ["import %s" % src]
+    with open(results["apply"]["volume"]["path"], "rb") as handle:
+        assert handle.read(len(block)) == block
+    assert pool_volumes(pool["name"]) == ["cut.raw"]
+
+
+def upload_partial(pool_name, name, data, capacity):
+    """What an interrupted import leaves: the temporary volume holding part of the data."""
+    from lxml import etree
+    root = etree.Element("volume")
+    etree.SubElement(root, "name").text = name
+    etree.SubElement(root, "capacity", unit="bytes").text = str(capacity)
+    etree.SubElement(etree.SubElement(root, "target"), "format", type="raw")
+    conn = libvirt.open("qemu:///system")
+    try:
+        vol = conn.storagePoolLookupByName(pool_name).createXML(etree.tostring(root, encoding="unicode"), 0)
+        stream = conn.newStream(0)
+        vol.upload(stream, 0, len(data), 0)
+        stream.send(data)
+        stream.finish()
+    finally:
+        conn.close()
+
+
+def test_import_replaces_a_leftover_partial_four_ways(pool, tmp_path):
+    src = str(tmp_path / "src.raw")
+    block = pattern_image(src, 4 * 1024 * 1024)
+    upload_partial(pool["name"], "left.raw" + PARTIAL, block[:4096], 4 * 1024 * 1024)
+    args = {"name": "left.raw", "pool": pool["name"], "import_from": src}
+    results = four_ways("volume", args)
+    expected = ["delete leftover partial import left.raw" + PARTIAL, "import %s" % src]
+    assert results["check"]["actions"] == results["apply"]["actions"] == expected
+    assert pool_volumes(pool["name"]) == ["left.raw"]
+    with open(results["apply"]["volume"]["path"], "rb") as handle:
+        assert handle.read() == block * 4
+
+
+def test_import_killed_mid_upload_is_never_reported_done(pool, tmp_path):
+    """A real interruption: the module process is killed while it uploads."""
+    import signal
+    import time
+    from conftest import module_env, ROOT
+    src = str(tmp_path / "big.raw")
+    pattern_image(src, 128 * 1024 * 1024)
+    args = {"name": "killed.raw", "pool": pool["name"], "import_from": src,
+            "_ansible_check_mode": False, "_ansible_diff": False}
+    temp_path = os.path.join(pool["path"], "killed.raw" + PARTIAL)
+    proc = subprocess.Popen([__import__("sys").executable, "-m", "ansible_collections.mlinfra.kvm.plugins.modules.volume"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=module_env(), cwd=str(ROOT))
+    proc.stdin.write(json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode())
+    proc.stdin.close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(temp_path) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert os.path.exists(temp_path), "the upload had not started (or already ended) when the process was killed"
+    assert not os.path.exists(os.path.join(pool["path"], "killed.raw")), "an interrupted import must not be final"
+    results = four_ways("volume", {k: v for k, v in args.items() if not k.startswith("_")})
+    assert results["apply"]["actions"][0] == "delete leftover partial import killed.raw" + PARTIAL
+    assert pool_volumes(pool["name"]) == ["killed.raw"]
+    assert os.path.getsize(results["apply"]["volume"]["path"]) == 128 * 1024 * 1024
+
+
+def test_absent_also_deletes_a_leftover_partial(pool):
+    upload_partial(pool["name"], "gone.raw" + PARTIAL, b"x" * 4096, 8192)
+    results = four_ways("volume", {"name": "gone.raw", "pool": pool["name"], "state": "absent"})
+    assert results["apply"]["actions"] == ["delete leftover partial import gone.raw" + PARTIAL]
+    assert pool_volumes(pool["name"]) == []
+
+
+# -- two runs creating the same volume at once --------------------------------------------------
+
+def run_in_parallel(args, count=2):
+    from concurrent.futures import ThreadPoolExecutor
+    from conftest import run_module_process
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(lambda _: run_module_process("volume", args), range(count)))
+
+
+@pytest.mark.parametrize("kind", ["empty", "import"])
+def test_concurrent_creates_one_changes_the_other_sees_it_done(pool, tmp_path, kind):
+    args = {"name": "race.raw", "pool": pool["name"], "format": "raw"}
+    if kind == "import":
+        src = str(tmp_path / "src.raw")
+        pattern_image(src, 32 * 1024 * 1024)
+        args["import_from"] = src
+    else:
+        args["capacity"] = "64M"
+    results = run_in_parallel(args)
+    assert not any(r["failed"] for r in results), results
+    assert sorted(r["changed"] for r in results) == [False, True], results
+    assert pool_volumes(pool["name"]) == ["race.raw"], "no temporary volume may be left"
+    done = [r for r in results if r["changed"]][0]["volume"]
+    seen = [r for r in results if not r["changed"]][0]["volume"]
+    assert seen["capacity"] == done["capacity"] and seen["path"] == done["path"]
+
+
+# -- bounded input on the real daemon: refused, nothing created -------------------------------
+
+@pytest.mark.parametrize("args, option", [
+    ({"name": "ctl.qcow2\n", "capacity": "1G"}, "name"),
+    ({"name": "zero.qcow2", "capacity": "0"}, "capacity"),
+    ({"name": "huge.qcow2", "capacity": "1025T"}, "capacity"),
+])
+def test_bounded_input_refused_nothing_created(pool, run_module, args, option):
+    for check in (True, False):
+        result = run_module("volume", dict(args, pool=pool["name"]), check=check)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["msg"].startswith("option %s: value %r" % (option, args[option])), result["msg"]
+    assert pool_volumes(pool["name"]) == []
+
+
+def test_capacity_of_exactly_the_limit_passes_validation(pool, run_module):
+    # 1 PiB is allowed by the range check; the pool's free space is what refuses it here.
+    result = run_module("volume", {"name": "pib.raw", "pool": pool["name"], "format": "raw", "capacity": "1P"},
+                        check=True)
+    assert result["failed"] and "free" in result["msg"] and "limit of 1 PiB" not in result["msg"], result
+
+
+def test_a_refused_run_keeps_the_leftover_partial_too(pool, run_module, libvirt_cleanup):
+    args = {"name": "kept.qcow2", "pool": pool["name"], "capacity": "8M"}
+    path = run_module("volume", args)["volume"]["path"]
+    upload_partial(pool["name"], "kept.qcow2" + PARTIAL, b"x" * 4096, 8192)
+    define_domain(libvirt_cleanup + "keeper", [{"file": path}])
+    for check in (True, False):
+        assert_refused_naming(run_module("volume", dict(args, state="absent"), check=check),
+                              "kept.qcow2", libvirt_cleanup + "keeper")
+    assert pool_volumes(pool["name"]) == ["kept.qcow2", "kept.qcow2" + PARTIAL], "a refusal changes nothing"
+
+
+def test_a_failure_after_a_change_reports_changed_and_what_was_done(pool, run_module, tmp_path):
+    src = str(tmp_path / "src.raw")
+    os.symlink(short_read_file(), src)
+    upload_partial(pool["name"], "half.raw" + PARTIAL, b"x" * 4096, 8192)
+    result = run_module("volume", {"name": "half.raw", "pool": pool["name"], "import_from": src})
+    assert result["failed"] and result["changed"] is True, result
+    assert result["done"] == ["deleted leftover partial import half.raw" + PARTIAL]
+    assert "already done: deleted leftover partial import" in result["msg"]
+    assert pool_volumes(pool["name"]) == []

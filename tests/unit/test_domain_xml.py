@@ -310,9 +310,60 @@ def test_bad_input_is_refused(gpu_host, params, option, fragment):
 
 
 def test_memory_above_existing_maximum_is_refused(gpu_host):
+    # A running domain (shut_off=False) cannot take a new maximum before its next restart.
     with pytest.raises(InvalidInputError) as err:
         request({"memory": "512M"}, gpu_host, existing=parse(LIBVIRT_STORED))
-    assert "maximum memory (256 MiB)" in err.value.msg
+    assert "maximum memory (256 MiB)" in err.value.msg and "next restart" in err.value.msg
+
+
+def test_vcpus_above_existing_maximum_of_a_running_domain_is_refused(gpu_host):
+    with pytest.raises(InvalidInputError) as err:
+        request({"vcpus": 3}, gpu_host, existing=parse(LIBVIRT_STORED))
+    assert err.value.details["option"] == "vcpus" and "maximum vCPUs (2)" in err.value.msg
+
+
+def shut_off_request(params: Dict[str, Any], service: Any, xml: str = LIBVIRT_STORED) -> DomainRequest:
+    full = {"name": "vm1", "ovmf_code": S.DEFAULT_OVMF_CODE, "ovmf_vars": S.DEFAULT_OVMF_VARS,
+            "hypervisor_vendor_id": "mlinfra"}
+    full.update(params)
+    req = DomainRequest(full, service, parse(xml), shut_off=True)
+    req.build()
+    return req
+
+
+NO_TOPOLOGY = LIBVIRT_STORED.replace("<topology sockets='1' dies='1' cores='2' threads='1'/>", "")
+
+
+@pytest.mark.parametrize("params,xml,expected", [
+    # Above the maximum: the maximum follows.
+    ({"memory": "512M"}, LIBVIRT_STORED, {"memory_kib": 524288, "max_memory_kib": 524288}),
+    ({"vcpus": 3}, NO_TOPOLOGY, {"vcpus": 3, "max_vcpus": 3}),
+    # A topology in the request that fits the new count.
+    ({"vcpus": 4, "cpu": {"mode": "maximum", "sockets": 1, "cores": 4, "threads": 1}}, LIBVIRT_STORED,
+     {"vcpus": 4, "max_vcpus": 4}),
+    # Within the maximum: the maximum is not touched (not even compared).
+    ({"memory": "200M"}, LIBVIRT_STORED, {"memory_kib": 204800}),
+    ({"vcpus": 2}, LIBVIRT_STORED, {"vcpus": 2}),
+])
+def test_shut_off_domain_raises_its_maximum(gpu_host, params, xml, expected):
+    desired = shut_off_request(params, gpu_host, xml).desired
+    assert {k: desired.get(k) for k in ("memory_kib", "max_memory_kib", "vcpus", "max_vcpus")
+            if k in desired} == expected
+
+
+@pytest.mark.parametrize("params,option,fragment", [
+    # An explicit maximum below the request is a contradiction, shut off or not.
+    ({"memory": "512M", "max_memory": "300M"}, "memory", "above the domain's maximum memory (300 MiB)"),
+    ({"vcpus": 4, "max_vcpus": 3}, "vcpus", "above the domain's maximum vCPUs (3)"),
+    ({"max_memory": "100M"}, "max_memory", "below the domain's current memory (128 MiB)"),
+    # The stored topology (1*2*1) fixes the maximum at 2: raising it needs a new topology.
+    ({"vcpus": 4}, "vcpus", "sockets*cores*threads = 2"),
+])
+def test_shut_off_domain_still_refuses_contradictions(gpu_host, params, option, fragment):
+    with pytest.raises(InvalidInputError) as err:
+        shut_off_request(params, gpu_host)
+    assert err.value.details["option"] == option and fragment in err.value.msg, err.value.msg
+    assert "restart" not in err.value.msg  # a shut-off domain needs none
 
 
 def test_hostdev_of_another_running_domain_is_refused(tmp_path):
@@ -459,3 +510,24 @@ def test_shut_off_domain_is_redefined_once(tmp_path):
     result = run_domain(service, vcpus=2, rng=True, hostdevs=[])
     assert result["actions"] == ["redefine"] and result["restart_required"] is False
     assert [c[0] for c in service.calls if c[0] in ("define", "attach", "detach", "set_vcpus")] == ["define"]
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_shut_off_domain_memory_and_vcpus_above_maximum_four_fields(tmp_path, check):
+    """The runner: check mode predicts exactly the redefinition a real run performs."""
+    service = RecordingService(make_sysfs(str(tmp_path / "sys"), GPU_HOST), state="shutoff", xml=NO_TOPOLOGY)
+    result = run_domain(service, check=check, memory="512M", vcpus=3)
+    assert result["actions"] == ["redefine"] and result["restart_required"] is False
+    assert result["diff"]["after"] == {"max_memory_kib": 524288, "memory_kib": 524288, "max_vcpus": 3, "vcpus": 3}
+    assert result["diff"]["before"] == {"max_memory_kib": 262144, "memory_kib": 131072, "max_vcpus": 2, "vcpus": 1}
+    summary = result["domain"]
+    assert (summary["memory_mib"], summary["max_memory_mib"], summary["vcpus"], summary["max_vcpus"]) == (512, 512, 3, 3)
+    defines = [c for c in service.calls if c[0] == "define"]
+    assert len(defines) == (0 if check else 1)
+
+
+def test_running_domain_memory_above_maximum_is_refused_by_the_runner(running):
+    with pytest.raises(InvalidInputError) as err:
+        run_domain(running, memory="512M")
+    assert "next restart" in err.value.msg
+    assert [c for c in running.calls if c[0] in ("define", "set_memory")] == []
