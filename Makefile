@@ -20,10 +20,10 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 
 help:
 	@echo "make setup             install Debian packages, create .venv, start libvirtd/virtlogd"
-	@echo "make test              every test tier (unit, integration, vm beside container, lab)"
+	@echo "make test              every test tier (unit, integration beside container, vm beside gpu_host, lab)"
 	@echo "make test-unit         fast tier: no daemon (seconds)"
 	@echo "make test-integration  real libvirtd on qemu:///system, no guests (a minute)"
-	@echo "make test-vm           boots TCG guests from the debootstrap image (minutes)"
+	@echo "make test-vm           boots TCG guests from the debootstrap image, the GPU host proof beside (minutes)"
 	@echo "make test-container    the Molecule scenarios that run in podman (cuda; minutes)"
 	@echo "make test-lab          playbooks/site.yml end to end on the local lab (about 25 min here)"
 	@echo "make test-molecule     every Molecule scenario (make test runs cuda only; 5-80 min each here)"
@@ -64,10 +64,12 @@ vendor: .cache/apt.stamp
 daemons:
 	@scripts/ensure-libvirtd.sh
 
-# vm+container: side by side (the container tier boots no TCG guest); guest images are built in
-# the background meanwhile (scripts/run-tests.sh).
+# Side by side where one tier leaves a core idle (scripts/run-tests.sh prints how busy the machine
+# was during each): the podman scenario beside the integration tier (neither boots a guest),
+# the GPU host proof's one guest beside the vm tier's one guest at a time. Guest images are
+# built in the background meanwhile.
 test: setup
-	@scripts/run-tests.sh unit integration vm+container lab
+	@scripts/run-tests.sh unit integration+container vm+gpu_host lab
 
 test-unit: venv
 	@scripts/run-tests.sh unit
@@ -76,7 +78,7 @@ test-integration: setup
 	@scripts/run-tests.sh integration
 
 test-vm: setup
-	@scripts/run-tests.sh vm
+	@scripts/run-tests.sh vm+gpu_host
 
 test-container: setup
 	@scripts/run-tests.sh container
@@ -89,7 +91,7 @@ test-molecule: setup
 
 test-gpu-host: setup
 	@bash lab/image/grub.sh
-	@MLKVM_GPU_HOST_PROOF=1 PYTEST_ARGS="tests/vm/test_gpu_host.py $(PYTEST_ARGS)" scripts/run-tests.sh vm
+	@MLKVM_GPU_HOST_PROOF=1 scripts/run-tests.sh gpu_host
 
 image: setup
 	@bash lab/image/build.sh

@@ -4,7 +4,7 @@
 # (no guests) use the CPU: debootstrap and the venv bundles mostly wait on the network and
 # on dpkg, the fast tiers on Python.
 #
-#   scripts/prebuild-images.sh [vm] [container] [lab]     # the images those tiers need
+#   scripts/prebuild-images.sh [vm] [gpu_host] [container] [lab]     # the images those tiers need
 #
 # Every build is cached by its recipe stamp and takes a lock, so a test that asks for the same
 # image while this runs waits for it and then finds it up to date; a build that fails here is
@@ -27,7 +27,9 @@ for tier in "$@"; do
     vm|container)
       # Both boot (or import) the base image; build.sh does nothing the second time.
       step "base image" bash lab/image/build.sh
-      if [ "$tier" = vm ] && [ "${MLKVM_GPU_HOST_PROOF:-}" != 0 ]; then
+      ;;
+    gpu_host)
+      if [ "${MLKVM_GPU_HOST_PROOF:-}" != 0 ]; then
         step "GPU host image (GRUB)" bash lab/image/grub.sh
       fi
       ;;

@@ -3,7 +3,7 @@
 # failure in a fast tier is reported before the slow ones start. pytest's exit status 5
 # ("no tests collected") fails the run: every tier must hold tests.
 #
-#   scripts/run-tests.sh unit integration vm+container lab
+#   scripts/run-tests.sh unit integration+container vm+gpu_host lab
 #
 # "a+b" runs tiers side by side (separate pytest sessions; test objects carry each session's
 # pid, so neither cleans up the other's): the first streams its output, the others go to
@@ -61,7 +61,7 @@ fast_first=0
 case "${1:-}" in unit|integration) fast_first=1 ;; esac
 for group in "$@"; do
   IFS=+ read -r -a parts <<<"$group"
-  for tier in "${parts[@]}"; do case "$tier" in vm|lab|container) guest_tiers+=("$tier") ;; esac; done
+  for tier in "${parts[@]}"; do case "$tier" in vm|gpu_host|lab|container) guest_tiers+=("$tier") ;; esac; done
 done
 if [ "${MLKVM_PREBUILD:-1}" != 0 ] && [ "$fast_first" = 1 ] && [ "${#guest_tiers[@]}" -gt 0 ] \
    && [ -z "${PYTEST_ARGS:-}" ]; then

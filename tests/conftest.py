@@ -1,7 +1,8 @@
 """Shared test harness for mlinfra.kvm.
 
 Tiers (pytest markers, see README): unit (no daemon), integration (real libvirtd on
-qemu:///system, no guests), vm (boots real TCG guests), lab (site.yml end to end).
+qemu:///system, no guests), vm (boots real TCG guests), gpu_host (the vfio-pci proof in a nested
+GPU host), container (Molecule in podman), lab (site.yml end to end).
 
 ``run_module`` executes a module of the collection the way Ansible does on a target: a
 fresh Python process reading its arguments as JSON on stdin, with ``_ansible_check_mode``
@@ -187,7 +188,7 @@ def pytest_sessionfinish(session, exitstatus):  # noqa: D103 - this session's le
         pass
 
 
-TIERS = ("unit", "integration", "vm", "container", "lab")
+TIERS = ("unit", "integration", "vm", "gpu_host", "container", "lab")
 
 
 def pytest_collection_modifyitems(config, items):

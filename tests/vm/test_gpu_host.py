@@ -39,7 +39,8 @@ from lxml import etree
 
 import harness
 
-pytestmark = pytest.mark.vm
+# A tier of its own (gpu_host), so `make test` runs it beside the vm tier's guests.
+pytestmark = pytest.mark.gpu_host
 
 # Part of every vm tier run, CI included (8-25 min here, mostly the first converge with its
 # update-grub, update-initramfs and reboot under TCG). MLKVM_GPU_HOST_PROOF=0 leaves it out.
