@@ -178,6 +178,28 @@ def _stale_prefixes(uri: str) -> list:
     return sorted(stale)
 
 
+def define_disk_domain(name: str, disks: list) -> None:
+    """Define (never start) a minimal domain whose disks are given as <source> attributes."""
+    from lxml import etree
+    root = etree.Element("domain", type="qemu")
+    etree.SubElement(root, "name").text = name
+    etree.SubElement(root, "memory", unit="MiB").text = "64"
+    os_el = etree.SubElement(root, "os")
+    etree.SubElement(os_el, "type").text = "hvm"
+    devices = etree.SubElement(root, "devices")
+    for index, source in enumerate(disks):
+        disk = etree.SubElement(devices, "disk", type="volume" if "pool" in source else "file", device="disk")
+        etree.SubElement(disk, "driver", name="qemu", type="qcow2")
+        etree.SubElement(disk, "source", **source)
+        etree.SubElement(disk, "target", dev="vd" + "abcdefgh"[index], bus="virtio")
+    import libvirt
+    conn = libvirt.open("qemu:///system")
+    try:
+        conn.defineXML(etree.tostring(root, encoding="unicode"))
+    finally:
+        conn.close()
+
+
 def pytest_sessionfinish(session, exitstatus):  # noqa: D103 - this session's leftovers and dead sessions'
     if os.environ.get("MLKVM_KEEP_TEST_OBJECTS"):
         return

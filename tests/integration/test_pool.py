@@ -6,7 +6,7 @@ import os
 import libvirt
 import pytest
 
-from conftest import four_ways
+from conftest import define_disk_domain, four_ways
 
 pytestmark = pytest.mark.integration
 
@@ -168,24 +168,6 @@ def test_uri_from_environment(monkeypatch, run_module, tmp_path):
 
 # -- purge: list first, refuse volumes in use by a defined domain ---------------------------------
 
-def define_domain(name, disk_path):
-    """Define (never start) a minimal domain with one file disk."""
-    from lxml import etree
-    root = etree.Element("domain", type="qemu")
-    etree.SubElement(root, "name").text = name
-    etree.SubElement(root, "memory", unit="MiB").text = "64"
-    etree.SubElement(etree.SubElement(root, "os"), "type").text = "hvm"
-    disk = etree.SubElement(etree.SubElement(root, "devices"), "disk", type="file", device="disk")
-    etree.SubElement(disk, "driver", name="qemu", type="qcow2")
-    etree.SubElement(disk, "source", file=disk_path)
-    etree.SubElement(disk, "target", dev="vda", bus="virtio")
-    conn = libvirt.open("qemu:///system")
-    try:
-        conn.defineXML(etree.tostring(root, encoding="unicode"))
-    finally:
-        conn.close()
-
-
 def pool_state(name):
     conn = libvirt.open("qemu:///system")
     try:
@@ -209,7 +191,7 @@ def pool_with_disks(pool_args, run_module):
 @pytest.mark.parametrize("stopped", [False, True], ids=["active", "inactive"])
 def test_purge_refused_while_a_domain_uses_a_volume(pool_args, pool_with_disks, run_module, stopped):
     dom = pool_args["name"] + "-dom"
-    define_domain(dom, pool_with_disks["b.qcow2"])
+    define_disk_domain(dom, [{"file": pool_with_disks["b.qcow2"]}])
     if stopped:  # an inactive pool must be refused before it is started to list its volumes
         assert not run_module("pool", dict(pool_args, state="present"))["failed"]
         conn = libvirt.open("qemu:///system")
@@ -235,7 +217,7 @@ def test_purge_refused_for_the_backing_image_of_a_used_overlay(pool_args, pool_w
     overlay = run_module("volume", {"name": "vm.qcow2", "pool": other["name"],
                                     "backing": pool_with_disks["a.qcow2"]})["volume"]["path"]
     dom = libvirt_cleanup + "ovl"
-    define_domain(dom, overlay)
+    define_disk_domain(dom, [{"file": overlay}])
     result = run_module("pool", dict(pool_args, state="absent", purge=True))
     assert result["failed"] and result["changed"] is False, result
     assert "a.qcow2: domain %s (backing image of its disk %s)" % (dom, overlay) in result["msg"]
@@ -244,7 +226,7 @@ def test_purge_refused_for_the_backing_image_of_a_used_overlay(pool_args, pool_w
 
 def test_purge_with_force_four_ways(pool_args, pool_with_disks, run_module):
     dom = pool_args["name"] + "-dom"
-    define_domain(dom, pool_with_disks["a.qcow2"])
+    define_disk_domain(dom, [{"file": pool_with_disks["a.qcow2"]}])
     results = four_ways("pool", dict(pool_args, state="absent", purge=True, force=True))
     for key in ("check", "apply"):  # listed before anything is deleted, the same in both
         assert results[key]["purged"] == ["a.qcow2", "b.qcow2"]

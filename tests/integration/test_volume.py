@@ -8,7 +8,7 @@ import subprocess
 import libvirt
 import pytest
 
-from conftest import four_ways
+from conftest import define_disk_domain, four_ways
 
 pytestmark = pytest.mark.integration
 GIB = 1024 ** 3
@@ -145,27 +145,6 @@ def test_format_change_refused(pool, run_module):
 
 # -- in use by a defined domain: refused unless force -----------------------------------------
 
-def define_domain(name, disks):
-    """Define (never start) a minimal domain whose disks are given as <source> attributes."""
-    from lxml import etree
-    root = etree.Element("domain", type="qemu")
-    etree.SubElement(root, "name").text = name
-    etree.SubElement(root, "memory", unit="MiB").text = "64"
-    os_el = etree.SubElement(root, "os")
-    etree.SubElement(os_el, "type").text = "hvm"
-    devices = etree.SubElement(root, "devices")
-    for index, source in enumerate(disks):
-        disk = etree.SubElement(devices, "disk", type="volume" if "pool" in source else "file", device="disk")
-        etree.SubElement(disk, "driver", name="qemu", type="qcow2")
-        etree.SubElement(disk, "source", **source)
-        etree.SubElement(disk, "target", dev="vd" + "abcdefgh"[index], bus="virtio")
-    conn = libvirt.open("qemu:///system")
-    try:
-        conn.defineXML(etree.tostring(root, encoding="unicode"))
-    finally:
-        conn.close()
-
-
 def undefine_domain(name):
     conn = libvirt.open("qemu:///system")
     try:
@@ -185,7 +164,7 @@ def test_absent_refused_while_a_domain_uses_the_path(pool, run_module, libvirt_c
     args = {"name": "used.qcow2", "pool": pool["name"], "capacity": "8M"}
     path = run_module("volume", args)["volume"]["path"]
     dom = libvirt_cleanup + "user"
-    define_domain(dom, [{"file": path}])
+    define_disk_domain(dom, [{"file": path}])
     for check in (True, False):  # check mode reports the same refusal as a real run
         assert_refused_naming(run_module("volume", dict(args, state="absent"), check=check, diff=True),
                               "used.qcow2", dom)
@@ -200,7 +179,7 @@ def test_absent_refused_for_a_pool_volume_source(pool, run_module, libvirt_clean
     args = {"name": "byref.qcow2", "pool": pool["name"], "capacity": "8M"}
     path = run_module("volume", args)["volume"]["path"]
     dom = libvirt_cleanup + "ref"
-    define_domain(dom, [{"pool": pool["name"], "volume": "byref.qcow2"}])
+    define_disk_domain(dom, [{"pool": pool["name"], "volume": "byref.qcow2"}])
     result = run_module("volume", dict(args, state="absent"))
     assert_refused_naming(result, "byref.qcow2", dom)
     assert result["users"] == ["domain %s (disk)" % dom]
@@ -211,7 +190,7 @@ def test_absent_refused_for_the_backing_image_of_a_used_overlay(pool, run_module
     base = run_module("volume", {"name": "base.qcow2", "pool": pool["name"], "capacity": "8M"})["volume"]["path"]
     overlay = run_module("volume", {"name": "top.qcow2", "pool": pool["name"], "backing": base})["volume"]["path"]
     dom = libvirt_cleanup + "ovl"
-    define_domain(dom, [{"file": overlay}])
+    define_disk_domain(dom, [{"file": overlay}])
     result = run_module("volume", {"name": "base.qcow2", "pool": pool["name"], "state": "absent"}, check=True)
     assert_refused_naming(result, "base.qcow2", dom)
     assert "backing image of its disk %s" % overlay in result["msg"]
@@ -222,7 +201,7 @@ def test_absent_with_force_four_ways(pool, run_module, libvirt_cleanup):
     args = {"name": "forced.qcow2", "pool": pool["name"], "capacity": "8M"}
     path = run_module("volume", args)["volume"]["path"]
     dom = libvirt_cleanup + "forced"
-    define_domain(dom, [{"file": path}])
+    define_disk_domain(dom, [{"file": path}])
     results = four_ways("volume", dict(args, state="absent", force=True))
     assert results["check"]["actions"] == ["delete"]
     assert results["check"]["users"] == ["domain %s (disk)" % dom]
@@ -414,7 +393,7 @@ def test_a_refused_run_keeps_the_leftover_partial_too(pool, run_module, libvirt_
     args = {"name": "kept.qcow2", "pool": pool["name"], "capacity": "8M"}
     path = run_module("volume", args)["volume"]["path"]
     upload_partial(pool["name"], "kept.qcow2" + PARTIAL, b"x" * 4096, 8192)
-    define_domain(libvirt_cleanup + "keeper", [{"file": path}])
+    define_disk_domain(libvirt_cleanup + "keeper", [{"file": path}])
     for check in (True, False):
         assert_refused_naming(run_module("volume", dict(args, state="absent"), check=check),
                               "kept.qcow2", libvirt_cleanup + "keeper")
