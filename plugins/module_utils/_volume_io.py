@@ -1,10 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: mlinfra.kvm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Bounded input, verified uploads and a host-local lock for the volume and pool modules.
+"""A capacity range, verified uploads and a host-local lock for the volume and pool modules.
 
 Kept apart from ``_validate.py`` (shared by every module) because these rules are specific
-to storage: a size range, text that ends up in pool/volume XML, and the import machinery.
+to storage: a size range and the import machinery. Control characters are refused by
+``_validate.plain_text``, as in every module.
 """
 from __future__ import annotations
 
