@@ -415,7 +415,7 @@ class StageRunner:
         elif op and np_:
             if op.get("python") != np_.get("python") or op.get("implementation") != np_.get("implementation"):
                 reasons.append("python %s %s -> %s %s" % (op.get("implementation"), op.get("python"),
-                                                         np_.get("implementation"), np_.get("python")))
+                                                          np_.get("implementation"), np_.get("python")))
             reasons += _dict_reasons("python package", op.get("dists") or {}, np_.get("dists") or {},
                                      show=str)
         # Outputs as they are now against the outputs the lock recorded.
@@ -463,6 +463,9 @@ class StageRunner:
             "mlflow": {"enabled": bool(spec.mlflow), "run_id": None}, "mlflow_run_id": None,
             "hashing": dict(cache.stats, seconds=round(time.monotonic() - started, 3)),
             "mps": dict(spec.mps.summary(), daemon=None) if spec.mps else None,
+            "runtime_env": spec.runtime_env,
+            "inputs_digest": inputs_digest(inputs),
+            "code_python": inputs["code"].get("python"),
         }
         result["summary"] = _summary_line(reasons, spec.frozen, key, inputs, outs_now)
         if self.diff and reasons:
@@ -511,7 +514,8 @@ class StageRunner:
         reports and warns instead, because in a check run the play's nvidia_mps role only
         predicted the start of the daemon that a real run of the same play would have."""
         mps = self.spec.mps
-        assert mps is not None
+        if mps is None:  # only called for a stage with mps
+            raise KvmError("ml_stage: the MPS check ran for a stage without mps")
         problem = mps.daemon_problem()
         result["mps"]["daemon"] = "ok: %s is a socket" % mps.control_socket if problem is None else problem
         if problem is None:
@@ -527,6 +531,7 @@ class StageRunner:
                  hasher: Hasher, manifest: Dict[str, Any], reasons: List[str]) -> Dict[str, Any]:
         spec = self.spec
         env = self._base_env()
+        env.update(spec.runtime_env)
         if spec.mps:
             spec.mps.apply(env)
         env.update(ML_STAGE_NAME=spec.name, ML_STAGE_KEY=key)
@@ -729,6 +734,8 @@ class StageRunner:
             run["git_commit"] = git_info["commit"]
         if spec.mps and reused_from is None:  # how the run shared the GPU; not in the key
             run["mps"] = {k: v for k, v in spec.mps.summary().items() if k != "env"}
+        if spec.runtime_env and reused_from is None:  # where it ran; not in the key
+            run["runtime_env"] = dict(spec.runtime_env)
         doc = {"format": LOCK_FORMAT, "stage": spec.name, "key": key, "inputs": inputs,
                "outs": outs, "metrics": metrics, "run": run}
         return doc, manifest
@@ -736,6 +743,27 @@ class StageRunner:
 
 def _key(inputs: Dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(inputs).encode("utf-8")).hexdigest()
+
+
+def inputs_digest(inputs: Dict[str, Any]) -> Dict[str, str]:
+    """One short digest per part of the key (``cmd``, ``params``, ``deps/PATH``, ``code/python``...).
+
+    Two hosts whose keys differ compare these to say which input differs (the pipeline role's
+    distributed train refuses a worker that would train on other data or code).
+    """
+    parts: Dict[str, Any] = {}
+    for name, value in inputs.items():
+        if name in ("deps", "code") and isinstance(value, dict):
+            for sub, entry in value.items():
+                if name == "code" and sub == "paths" and isinstance(entry, dict):
+                    for path, item in entry.items():
+                        parts["code/paths/%s" % path] = item
+                else:
+                    parts["%s/%s" % (name, sub)] = entry
+        else:
+            parts[name] = value
+    return {name: hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()[:16]
+            for name, value in sorted(parts.items())}
 
 
 def _summary(lock: Dict[str, Any]) -> Dict[str, Any]:

@@ -93,6 +93,12 @@ class StageSpec:
             raise InvalidInputError("secret_env", both, "repeats keys of env",
                                     "put each variable in env (part of the key) or in "
                                     "secret_env (kept out of the key), not both")
+        self.runtime_env = self._env("runtime_env", p.get("runtime_env"))
+        both = sorted(set(self.runtime_env) & (set(self.env) | set(self.secret_env)))
+        if both:
+            raise InvalidInputError("runtime_env", both, "repeats keys of env or secret_env",
+                                    "put each variable in one of env (what the command computes, "
+                                    "part of the key), runtime_env (where it runs) or secret_env")
         self.cmd = self._cmd(p.get("cmd"))
 
         state_dir = p.get("state_dir") or ".ml_stage"
@@ -123,7 +129,11 @@ class StageSpec:
         self.allow_outside = bool(p.get("allow_outs_outside_chdir"))
         self.metrics_file = _norm(p["metrics_file"]) if p.get("metrics_file") else None
         outs = self._str_list("outs", p.get("outs"))
-        if self.metrics_file and self.metrics_file not in [_norm(o) for o in outs]:
+        # The metrics file is an output; one inside a declared out directory is already covered
+        # (so the ranks of a distributed stage, only one of which writes metrics, declare the
+        # same outs and share one key).
+        if self.metrics_file and not any(_inside(self.abspath(self.metrics_file), self.abspath(_norm(o)))
+                                         for o in outs):
             outs.append(self.metrics_file)
         self.outs = self._outs(outs)
         self.clean_outs = bool(p.get("clean_outs"))
@@ -172,10 +182,10 @@ class StageSpec:
         self.mlflow = MlflowSpec(raw_mlflow, self.name) if raw_mlflow else None
         self.mps = self._mps(p.get("mps"))
         if self.mlflow:
-            clash = sorted(k for k in MLFLOW_ENV if k in self.env or k in self.secret_env)
+            clash = sorted(k for k in MLFLOW_ENV if k in self._all_env())
             if clash:
                 raise InvalidInputError("env", clash, "are set by ml_stage when mlflow is given",
-                                        "drop them from env/secret_env; the module exports them")
+                                        "drop them from env/secret_env/runtime_env; the module exports them")
 
     def _mps(self, raw: Any) -> Optional[MpsSpec]:
         if raw is None:
@@ -184,13 +194,16 @@ class StageSpec:
             raise InvalidInputError("mps", raw, "is not a mapping with pipe_directory",
                                     "give e.g. {pipe_directory: /run/nvidia-mps}, or leave mps unset")
         # One source for each variable: the task's env would otherwise silently lose to mps.
-        clash = sorted(k for k in MPS_ENV if k in self.env or k in self.secret_env)
+        clash = sorted(k for k in MPS_ENV if k in self._all_env())
         if clash:
             raise InvalidInputError("env", clash, "are set by ml_stage when mps is given",
-                                    "drop them from env/secret_env and set them through mps")
+                                    "drop them from env/secret_env/runtime_env and set them through mps")
         return MpsSpec(raw, self.chdir)
 
     # -- helpers ----------------------------------------------------------------------
+    def _all_env(self) -> Dict[str, str]:
+        return dict(self.env, **self.secret_env, **self.runtime_env)
+
     def abspath(self, path: str) -> str:
         return os.path.normpath(os.path.join(self.chdir, path))
 

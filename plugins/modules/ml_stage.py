@@ -32,7 +32,8 @@ description:
     C(FINISHED) or C(FAILED). A skipped stage makes no MLflow call at all. Only the REST
     API is used (no C(mlflow) package on the target).
 version_added: 0.1.0
-author: mlinfra.kvm contributors
+author:
+  - mlinfra.kvm contributors (@mlinfra)
 options:
   name:
     description: Stage name; names its files in O(state_dir) and tags its MLflow runs.
@@ -56,6 +57,16 @@ options:
     description:
       - Environment variables for the command that are B(not) part of the cache key and
         never returned or stored (tokens, passwords).
+    type: dict
+    default: {}
+  runtime_env:
+    description:
+      - Environment variables that say where and how the command runs, not what it computes,
+        e.g. a distributed job's rendezvous endpoint and id, or the network interface of its
+        collective traffic (C(PET_RDZV_ENDPOINT), C(GLOO_SOCKET_IFNAME)).
+      - B(Not part of the cache key), so a new rendezvous id or another interface name alone
+        re-runs nothing. Recorded in the result (RV(runtime_env)) and in the lock's run record.
+      - A variable may be in only one of O(env), O(secret_env) and O(runtime_env).
     type: dict
     default: {}
   deps:
@@ -113,7 +124,8 @@ options:
   metrics_file:
     description:
       - A JSON (or YAML) mapping the command writes; its numbers (nested keys dotted) are
-        returned as C(metrics) and logged to MLflow in one batch. Implicitly an out.
+        returned as C(metrics) and logged to MLflow in one batch. Implicitly an out, unless it
+        lies inside a directory of O(outs), which covers it.
     type: path
   code:
     description: Fingerprint of the code the command runs; part of the key.
@@ -202,7 +214,7 @@ options:
     type: path
   metrics_labels:
     description:
-      - Extra labels on every series of O(metrics_textfile_dir), e.g. C({pipeline: nightly}).
+      - Extra labels on every series of O(metrics_textfile_dir), e.g. C(pipeline: nightly).
       - Names must match C([a-zA-Z_][a-zA-Z0-9_]*); C(stage), C(mlflow_run_id), C(result) and
         names starting with C(__) are reserved. Values are strings (numbers are converted).
     type: dict
@@ -239,11 +251,9 @@ options:
             description: User name (basic auth).
           password:
             type: str
-            no_log: true
             description: Password (basic auth).
           token:
             type: str
-            no_log: true
             description: Bearer token.
       optional:
         description:
@@ -289,7 +299,7 @@ options:
         the command starts, the module checks that a daemon serves O(mps.pipe_directory), that is, the
         directory exists and holds the daemon's C(control) Unix socket. Without it a CUDA
         client silently runs without MPS, so the task fails instead, naming the directory and
-        how to start the daemon. Check mode only reports it (RV(mps.daemon) and a warning),
+        how to start the daemon. Check mode only reports it (C(daemon) in RV(mps), and a warning),
         because in a check run of a play the daemon started by an earlier role is only predicted.
         A socket left behind by a daemon that died also passes this check.
     type: dict
@@ -513,6 +523,24 @@ mps:
            env: {CUDA_MPS_PIPE_DIRECTORY: /run/nvidia-mps, CUDA_MPS_LOG_DIRECTORY: /var/log/nvidia-mps,
                  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: "50", CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: "0=32G"},
            daemon: "ok: /run/nvidia-mps/control is a socket"}
+runtime_env:
+  description: The O(runtime_env) the command got (or would get).
+  returned: always
+  type: dict
+inputs_digest:
+  description:
+    - One short digest per part of the cache key (C(cmd), C(env), C(params), C(outs),
+      C(deps/PATH), C(code/paths/PATH), C(code/python), ...). Two hosts whose RV(key) differs
+      compare these to name the input that differs.
+  returned: always
+  type: dict
+  sample: {algorithm: 5d1c0e..., cmd: 9b2f..., "deps/work/prepared": 77aa..., "code/python": 0c41..., params: 1e0b...}
+code_python:
+  description:
+    - With O(code.python), the interpreter's fingerprint that is part of the key (C(python)
+      version, C(implementation) and C(dists), every installed distribution's version).
+  returned: always
+  type: dict
 metrics_textfile:
   description:
     - The C(.prom) file written in O(metrics_textfile_dir) for this run decision (also on a
@@ -535,6 +563,7 @@ ARGUMENT_SPEC = dict(
     cmd=dict(type="raw", required=True),
     env=dict(type="dict", default={}),
     secret_env=dict(type="dict", default={}, no_log=True),
+    runtime_env=dict(type="dict", default={}),
     deps=dict(type="list", elements="raw", default=[]),
     ignore=dict(type="list", elements="str", default=[]),
     params=dict(type="raw", default={}),

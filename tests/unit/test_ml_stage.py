@@ -294,7 +294,7 @@ def test_hash_algorithm_change_and_auto_keeps_the_lock_algorithm(proj: Path) -> 
 
 
 def test_falls_back_to_hashlib_without_xxhash_and_blake3(proj: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     shadow = tmp_path / "shadow"
     shadow.mkdir()
     for mod in ("xxhash", "blake3"):
@@ -514,7 +514,7 @@ def test_ansible_doc_matches_the_argument_spec() -> None:
     from conftest import COLLECTIONS
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS))
     proc = subprocess.run([str(Path(sys.executable).with_name("ansible-doc")), "--json",
-                           "mlinfra.kvm.ml_stage"], env=env, capture_output=True, text=True)
+                           "mlinfra.kvm.ml_stage"], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)["mlinfra.kvm.ml_stage"]
     sys.path.insert(0, str(COLLECTIONS))
@@ -530,3 +530,51 @@ def test_ansible_doc_matches_the_argument_spec() -> None:
 
     check(doc["doc"]["options"], ARGUMENT_SPEC, "ml_stage")
     assert doc["examples"] and doc["return"]["reasons"]
+
+
+# -- runtime_env and the key's parts ------------------------------------------------------
+def test_runtime_env_reaches_the_command_but_not_the_key(proj: Path) -> None:
+    a = args(proj, runtime_env={"EXTRA_OUTS": "where-1.txt"})
+    first = ok(a)
+    assert first["ran"] and (proj / "where-1.txt").read_text() == "extra"
+    assert first["runtime_env"] == {"EXTRA_OUTS": "where-1.txt"}
+    lock = json.loads(lock_bytes(proj))
+    assert lock["run"]["runtime_env"] == {"EXTRA_OUTS": "where-1.txt"}
+    assert "EXTRA_OUTS" not in json.dumps(lock["inputs"])
+    # Another rendezvous id or interface alone re-runs nothing, and the key stays the same.
+    moved = assert_noop(args(proj, runtime_env={"EXTRA_OUTS": "where-2.txt"}), proj)
+    assert moved["key"] == first["key"] and not (proj / "where-2.txt").exists()
+    # The same variable in env (part of the key) is a different thing: refused, nothing runs.
+    bad = ml(args(proj, env={"EXTRA_OUTS": "a"}, runtime_env={"EXTRA_OUTS": "b"}))
+    assert bad["failed"] and "runtime_env" in bad["msg"] and "EXTRA_OUTS" in bad["msg"], bad
+    assert runs(proj) == 1
+
+
+def test_inputs_digest_names_the_part_that_differs(proj: Path) -> None:
+    one = ok(args(proj), check=True)
+    other = ok(args(proj, params={"lr": 0.02, "epochs": 2}), check=True)
+    assert one["key"] != other["key"]
+    differ = sorted(k for k in one["inputs_digest"] if one["inputs_digest"][k] != other["inputs_digest"][k])
+    assert differ == ["params"], (one["inputs_digest"], other["inputs_digest"])
+    (proj / "data" / "a.txt").write_text("changed\n")
+    third = ok(args(proj), check=True)
+    differ = sorted(k for k in one["inputs_digest"] if one["inputs_digest"][k] != third["inputs_digest"][k])
+    assert differ == ["deps/data"], differ
+    assert {"cmd", "env", "outs", "algorithm", "salt"} <= set(one["inputs_digest"])
+
+
+def test_metrics_file_inside_an_out_directory_adds_no_out(proj: Path) -> None:
+    """Ranks of a distributed stage declare the same outs whether or not they write metrics."""
+    script = proj / "ranked.py"
+    script.write_text("import json, os, pathlib\n"
+                      "d = pathlib.Path('res'); d.mkdir(exist_ok=True)\n"
+                      "(d / 'rank.json').write_text('{}')\n"
+                      "if os.environ.get('WRITE_METRICS'):\n"
+                      "    (d / 'metrics.json').write_text(json.dumps({'loss': 0.5}))\n")
+    base = dict(name="ranked", chdir=str(proj), cmd=[sys.executable, "ranked.py"], outs=["res"])
+    with_metrics = ok(dict(base, metrics_file="res/metrics.json", env={"WRITE_METRICS": "1"},
+                           state_dir=".rank0"))
+    without = ok(dict(base, env={"WRITE_METRICS": "1"}, state_dir=".rank1"))
+    assert with_metrics["metrics"] == {"loss": 0.5}
+    assert with_metrics["inputs_digest"]["outs"] == without["inputs_digest"]["outs"]
+    assert with_metrics["key"] == without["key"]
