@@ -1,10 +1,13 @@
 """The main job end to end: playbooks/site.yml against inventories/lab on this machine.
 
-One tracking VM and one worker (software emulation, 2 cores), a tiny synthetic dataset.
-First run builds everything and runs the pipeline; the second run changes nothing (both
-stages skipped, with their reason); a changed training parameter, with ``--tags guests,pipeline``,
-re-runs train only; the
-MLflow API shows the runs and metrics; teardown leaves nothing behind but the base image.
+One tracking VM and two workers (software emulation, 2 cores), a tiny synthetic dataset.
+First run builds everything and runs the pipeline, train across both workers (torchrun, gloo
+over the lab network); the second run changes nothing (both stages skipped, with their reason,
+on both workers); a changed training parameter, with ``--tags guests,pipeline``, re-runs train
+only, on both; the MLflow API shows one run per job with its metrics. Then the interruptions a
+site sees: ansible-playbook killed during train (no second copy, no run left RUNNING), one
+rank killed (the job fails on both workers within a bound, the run ends FAILED, the next run
+trains). Teardown leaves nothing behind but the base image.
 Wall times go to lab/build/lab-test-timings.json (and the CI log).
 """
 from __future__ import annotations
@@ -13,6 +16,7 @@ import base64
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 import urllib.request
@@ -34,9 +38,12 @@ pytestmark = [
 BIN = Path(ROOT) / ".venv" / "bin"
 SECRETS = Path(ROOT) / ".secrets"
 TIMINGS = Path(ROOT) / "lab" / "build" / "lab-test-timings.json"
-EXTRA = ["-e", "mlinfra_worker_count=1"]
+EXTRA = ["-e", "mlinfra_worker_count=2"]
+WORKERS = ["mlinfra-worker-1", "mlinfra-worker-2"]
+# inventories/lab's pipeline_train_params (the param-change runs give the whole mapping).
 TRAIN_PARAMS = {"epochs": 6, "lr": 0.003, "hidden": [256, 128], "dropout": 0.1, "batch_size": 0, "seed": 7,
-                "precision": "auto"}
+                "precision": "auto", "dist_timeout_s": 60}
+RANK_PROCESS = "-u code/train.py"  # torchrun starts each rank as `python -u code/train.py ...`
 
 
 def playbook(name: str, *extra: str, log: Path) -> subprocess.CompletedProcess:
@@ -143,6 +150,17 @@ def test_site_end_to_end(lab):
     assert len(history["metrics"]) == TRAIN_PARAMS["epochs"], "one train_loss point per epoch"
     artifacts = api.call("GET", "/api/2.0/mlflow/artifacts/list?run_id=%s&path=model" % train[0]["info"]["run_id"])
     assert [f["path"] for f in artifacts.get("files", [])] == ["model/model.pt"], artifacts
+    # One job across both workers: one run tagged with both, each rank on its own shard, the
+    # same final weights on both (gradients all-reduced), the model written by rank 0 only.
+    assert tags(train[0]).get("mlinfra.hosts") == ",".join(WORKERS), tags(train[0])
+    assert got["world_size"] == 2, got
+    reports = [rank_report(name, rank) for rank, name in enumerate(WORKERS)]
+    assert [(r["rank"], r["world_size"], r["backend"]) for r in reports] == [(0, 2, "gloo"), (1, 2, "gloo")], reports
+    assert [r["host"] for r in reports] == WORKERS
+    assert not set(reports[0]["shard_indices"]) & set(reports[1]["shard_indices"])
+    assert reports[0]["weights_sha256"] == reports[1]["weights_sha256"]
+    assert train_files(WORKERS[1]) == ["rank-1.json"], "rank 1 writes no model"
+    assert "training: world size 2 across 2 worker(s)" in first.stdout
     unauth = urllib.request.Request(creds["url"].rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(unauth, timeout=30)
@@ -155,6 +173,7 @@ def test_site_end_to_end(lab):
     changed = {host: counts["changed"] for host, counts in recap(second.stdout).items() if counts["changed"]}
     assert changed == {}, "second run must change nothing: %s\n%s" % (changed, tail(second.stdout, 200))
     assert stage_lines(second.stdout) == {"prepare": "skipped", "train": "skipped"}
+    assert "no worker due" in " ".join(second.stdout.split()), "both workers skip train with one decision"
     assert len([r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"]) == 1, \
         "a skipped stage makes no MLflow run"
 
@@ -169,7 +188,105 @@ def test_site_end_to_end(lab):
     assert third.returncode == 0, tail(third.stdout)
     assert stage_lines(third.stdout) == {"prepare": "skipped", "train": "ran"}, tail(third.stdout, 40)
     assert "param lr 0.003 -> 0.002" in third.stdout
+    assert all(recap(third.stdout)[w]["changed"] >= 1 for w in WORKERS), "train re-runs on both workers"
     assert len([r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"]) == 2
+
+
+def rank_report(worker: str, rank: int) -> Dict:
+    proc = guest_ssh(guest_address(worker), "sudo", "cat", "/opt/mlinfra/pipeline/work/train/rank-%d.json" % rank)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def train_files(worker: str) -> List[str]:
+    proc = guest_ssh(guest_address(worker), "sudo", "ls", "/opt/mlinfra/pipeline/work/train")
+    assert proc.returncode == 0, proc.stderr
+    return sorted(proc.stdout.split())
+
+
+def rank_pids(address: str) -> List[int]:
+    proc = guest_ssh(address, "pgrep", "-f", "--", RANK_PROCESS, timeout=60)
+    return [int(p) for p in proc.stdout.split()]
+
+
+def train_runs_with(api: "MlflowApi", lr: float) -> List[Dict]:
+    return [r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"
+            and {p["key"]: p["value"] for p in r["data"].get("params", [])}.get("lr") == str(lr)]
+
+
+def start_playbook(log: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH="%s:%s" % (BIN, os.environ.get("PATH", "")))
+    handle = open(log, "w")
+    return subprocess.Popen([str(BIN / "ansible-playbook"), "-i", "inventories/lab", "playbooks/site.yml",
+                             *EXTRA, "--tags", "guests,pipeline", *extra], cwd=ROOT, env=env,
+                            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60)
+
+
+@pytest.mark.timeout(3600)
+def test_pipeline_survives_interruptions(lab):
+    """ansible-playbook killed during train, then one rank killed: never two copies, never a
+    run left RUNNING, a bounded failure on both workers, and a next run that trains."""
+    logs, timings = lab
+    api = MlflowApi(json.loads((SECRETS / "mlflow-mlinfra-tracking.json").read_text()))
+    addresses = [guest_address(w) for w in WORKERS]
+
+    # 1. The controller dies mid-train (an AWX job cancelled, a laptop closed). The stage's
+    # command either dies with its module or finishes alone: never a second copy beside it.
+    params = {"pipeline_train_params": dict(TRAIN_PARAMS, lr=0.001)}
+    proc = start_playbook(logs / "kill-playbook.log", "-e", json.dumps(params))
+    try:
+        poll("rank process on %s" % WORKERS[1], lambda: rank_pids(addresses[1]), 900, every_s=2)
+    finally:
+        kill_group(proc)
+    killed = time.monotonic()
+
+    def settled():
+        counts = [len(rank_pids(a)) for a in addresses]
+        assert max(counts) <= 1, "two copies of a rank on one worker: %s" % counts
+        return counts == [0, 0]
+    poll("no rank process left on the workers", settled, 600, every_s=5)
+    timings["orphan_settled_s"] = round(time.monotonic() - killed, 1)
+    rerun = playbook("site.yml", *EXTRA, "--tags", "guests,pipeline", "-e", json.dumps(params),
+                     log=logs / "after-kill-playbook.log")
+    assert rerun.returncode == 0, tail(rerun.stdout)
+    assert stage_lines(rerun.stdout).get("train") in ("ran", "skipped"), tail(rerun.stdout, 40)
+    finished = [r for r in train_runs_with(api, 0.001) if r["info"]["status"] == "FINISHED"]
+    assert len(finished) == 1, "exactly one copy trained lr=0.001: %s" % [r["info"] for r in train_runs_with(api, 0.001)]
+    assert not [r for r in train_runs_with(api, 0.001) if r["info"]["status"] == "RUNNING"]
+
+    # 2. One rank dies mid-training: both workers fail within dist_timeout_s (60) plus the
+    # agents' teardown, the job's MLflow run ends FAILED, no rank stays behind.
+    params = {"pipeline_train_params": dict(TRAIN_PARAMS, lr=0.0005)}
+    proc = start_playbook(logs / "kill-rank.log", "-e", json.dumps(params))
+    try:
+        poll("rank process on %s" % WORKERS[1], lambda: rank_pids(addresses[1]), 900, every_s=2)
+        time.sleep(20)  # into the job: torch imported, the process group formed
+        assert guest_ssh(addresses[1], "sudo", "pkill", "-KILL", "-f", "--", RANK_PROCESS).returncode == 0
+        dead = time.monotonic()
+        rc = proc.wait(timeout=600)
+    finally:
+        kill_group(proc)
+    timings["dead_rank_failed_job_s"] = round(time.monotonic() - dead, 1)
+    out = (logs / "kill-rank.log").read_text()
+    assert rc != 0, tail(out)
+    assert all(recap(out)[w]["failed"] == 1 for w in WORKERS), tail(out, 60)
+    assert timings["dead_rank_failed_job_s"] < TRAIN_PARAMS["dist_timeout_s"] + 240, timings
+    poll("no rank process left after the failure", lambda: [len(rank_pids(a)) for a in addresses] == [0, 0], 120)
+    statuses = [r["info"]["status"] for r in train_runs_with(api, 0.0005)]
+    assert statuses == ["FAILED"], statuses
+    again = playbook("site.yml", *EXTRA, "--tags", "guests,pipeline", "-e", json.dumps(params),
+                     log=logs / "after-kill-rank.log")
+    assert again.returncode == 0 and stage_lines(again.stdout).get("train") == "ran", tail(again.stdout)
+    assert "param lr 0.001 -> 0.0005" in again.stdout
 
 
 # --------------------------------------------------------------------------- monitoring

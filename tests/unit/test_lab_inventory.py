@@ -18,7 +18,7 @@ BIN = Path(ROOT) / ".venv" / "bin"
 
 def ansible(tool: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1", **env_extra)
-    return subprocess.run([str(BIN / tool), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(BIN / tool), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 def preflight(*extra: str) -> subprocess.CompletedProcess:
@@ -74,11 +74,14 @@ def test_playbooks_syntax(inventory, playbook):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _role_entries(playbook: str) -> set:
-    """(role, tasks_from) pairs a playbook runs, from `roles:` and include/import_role tasks."""
+def _role_entries(playbook: str, strategy: str = "") -> set:
+    """(role, tasks_from) pairs a playbook runs, from `roles:` and include/import_role tasks
+    (only in plays of the given strategy, when one is given)."""
     import yaml
     found = set()
     for play in yaml.safe_load((Path(ROOT) / "playbooks" / playbook).read_text()):
+        if strategy and play.get("strategy", "linear") != strategy:
+            continue
         for role in play.get("roles", []):
             found.add((role["role"] if isinstance(role, dict) else role, "main"))
         for task in play.get("tasks", []):
@@ -88,6 +91,12 @@ def _role_entries(playbook: str) -> set:
     return found
 
 
+def _imported_task_files(path: Path) -> list:
+    import yaml
+    return [path.parent / task["ansible.builtin.import_tasks"]
+            for task in yaml.safe_load(path.read_text()) or [] if "ansible.builtin.import_tasks" in task]
+
+
 def test_services_play_runs_what_the_single_purpose_playbooks_run():
     """site.yml runs services.yml instead of tracking/workers/monitoring/pipeline.yml: the two
     must not drift apart (a role added to one and not the other)."""
@@ -95,35 +104,43 @@ def test_services_play_runs_what_the_single_purpose_playbooks_run():
     for playbook in ("tracking.yml", "workers.yml", "monitoring.yml", "pipeline.yml"):
         single |= _role_entries(playbook)
     services = _role_entries("services.yml")
-    # services.yml splits mlflow_server's readiness off (tasks_from: ready) and makes the
-    # controller-side bundles in a play of their own (tasks_from: their source's task file).
+    # services.yml splits mlflow_server's readiness off (tasks_from: ready), makes the
+    # controller-side bundles in a play of their own (tasks_from: their source's task file), and
+    # runs the pipeline's main in two halves: prepare (free play) and train (linear play).
     extra = {("mlinfra.kvm.mlflow_server", "ready")} | {
         (role, entry) for role, entry in services if entry.startswith("{{")}
-    assert services - extra == single, (services - extra) ^ single
+    halves = {("mlinfra.kvm.pipeline", "prepare"), ("mlinfra.kvm.pipeline", "train")}
+    assert halves <= services
+    assert services - extra - halves == single - {("mlinfra.kvm.pipeline", "main")}, (services - extra) ^ single
+    tasks = Path(ROOT) / "roles" / "pipeline" / "tasks"
+    assert _imported_task_files(tasks / "main.yml") == [tasks / "prepare.yml", tasks / "train.yml"]
 
 
 def test_free_strategy_play_loads_no_run_once_task():
     """run_once does not hold under the free strategy (Ansible warns and runs it per host):
-    nothing the services play imports statically may carry it."""
+    nothing the services play's free play loads may carry it."""
     import yaml
-    roles = {name.split(".")[-1] for name, _ in _role_entries("services.yml")}
+    entries = _role_entries("services.yml", strategy="free")
+    assert ("mlinfra.kvm.pipeline", "prepare") in entries
     offenders = []
 
-    def scan(path: Path) -> None:
-        for task in yaml.safe_load(path.read_text()) or []:
+    def scan_tasks(path: Path, tasks: list) -> None:
+        for task in tasks or []:
             if "run_once" in task:
                 offenders.append("%s: %s" % (path.relative_to(ROOT), task.get("name")))
             imported = task.get("ansible.builtin.import_tasks")
             if imported:
                 scan(path.parent / imported)
             for block_key in ("block", "rescue", "always"):
-                for sub in task.get(block_key, []):
-                    if "run_once" in sub:
-                        offenders.append("%s: %s" % (path.relative_to(ROOT), sub.get("name")))
+                scan_tasks(path, task.get(block_key))
 
-    for role in roles:
-        for entry in ("main.yml", "exporters.yml", "server.yml", "ready.yml"):
-            path = Path(ROOT) / "roles" / role / "tasks" / entry
-            if path.is_file():
-                scan(path)
+    def scan(path: Path) -> None:
+        scan_tasks(path, yaml.safe_load(path.read_text()))
+
+    for role, entry in entries:
+        if entry.startswith("{{"):
+            continue
+        path = Path(ROOT) / "roles" / role.split(".")[-1] / "tasks" / (entry + ".yml")
+        assert path.is_file(), path
+        scan(path)
     assert offenders == [], offenders

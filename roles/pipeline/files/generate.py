@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Stage `data`: a reproducible synthetic regression dataset as Parquet.
 
 Reads its parameters (rows, features, seed) from $ML_STAGE_PARAMS. The target is a smooth

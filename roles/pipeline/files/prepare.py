@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Stage `prepare`: read the Parquet dataset, split train/test, fit a StandardScaler on the
 training part, and write the scaled arrays and the scaler.
 

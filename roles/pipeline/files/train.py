@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Stage `train`: an MLP regression (Linear F-256-128-1 with dropout, Adam, MSE) in PyTorch.
 
     train.py PREPARED_DIR MODEL_OUT METRICS_OUT     (parameters from $ML_STAGE_PARAMS)
@@ -23,9 +22,12 @@ Only rank 0 evaluates the test set, writes MODEL_OUT and METRICS_OUT, logs to ML
 prints the result line; the metrics carry world_size and backend (1 and null by plain python).
 A failure on any rank ends the script with a non-zero status.
 
-Test hooks (environment):
+Param `world_size` (set by the pipeline role): when present, the job must have exactly that
+many processes, or the script exits 2 before training.
+
+Reports and test hooks (environment):
   ML_TRAIN_RANK_REPORT_DIR   every rank writes rank-<rank>.json there: rank, world_size,
-                             backend, device, shard_rows, shard_indices (the training-row
+                             backend, device, host, shard_rows, shard_indices (the training-row
                              indices it used in epoch 0) and weights_sha256 (sha256 of the
                              final state_dict's tensors as float32 bytes, in key order).
   ML_TRAIN_DIE_AT_EPOCH      with ML_TRAIN_DIE_RANK (default 0): that rank calls os._exit(1)
@@ -36,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -135,7 +138,10 @@ def train(params: Dict, prepared: str, ctx: Dist) -> Dict:
     device = ctx.device
     seed = int(params.get("seed", 0))
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's too)
-    load = lambda name, mmap=None: np.load(os.path.join(prepared, name + ".npy"), mmap_mode=mmap)  # noqa: E731
+
+    def load(name: str, mmap: Optional[str] = None) -> np.ndarray:
+        return np.load(os.path.join(prepared, name + ".npy"), mmap_mode=mmap)
+
     indices = None
     if ctx.enabled:  # this rank's rows only, copied from a memory map of the whole set
         x_all, y_all = load("x_train", "r"), load("y_train", "r")
@@ -213,7 +219,7 @@ def weights_sha256(state: Dict[str, torch.Tensor]) -> str:
 def write_rank_report(directory: str, ctx: Dist, result: Dict) -> None:
     indices = result["shard_indices"]
     report = {"rank": ctx.rank, "world_size": ctx.world, "backend": ctx.backend, "device": str(ctx.device),
-              "shard_rows": result["shard_rows"],
+              "host": socket.gethostname(), "shard_rows": result["shard_rows"],
               "shard_indices": indices.tolist() if indices is not None else list(range(result["shard_rows"])),
               "weights_sha256": weights_sha256(result["model"].state_dict())}
     os.makedirs(directory, exist_ok=True)
@@ -266,12 +272,27 @@ def run(ctx: Dist, params: Dict, prepared: str, model_out: str, metrics_out: str
 
 def main() -> int:
     prepared, model_out, metrics_out = sys.argv[1], sys.argv[2], sys.argv[3]
-    params = json.load(open(os.environ["ML_STAGE_PARAMS"]))
+    with open(os.environ["ML_STAGE_PARAMS"]) as handle:
+        params = json.load(handle)
     ctx = setup_dist(params)
+    expected = params.get("world_size")
+    if expected is not None and int(expected) != ctx.world:
+        # The pipeline role puts the world size it planned into the params (and so the key):
+        # a launcher that started another number of processes must not train under that key.
+        print("param world_size %s but %d process(es) in this job: launch one process per GPU "
+              "(one per worker on CPU) on every planned worker, or fix world_size"
+              % (expected, ctx.world), file=sys.stderr)
+        if ctx.enabled:
+            dist.destroy_process_group()
+        return 2
     if not ctx.enabled:
         return run(ctx, params, prepared, model_out, metrics_out)
     try:
         rc = run(ctx, params, prepared, model_out, metrics_out)
+        # Every rank leaves together: rank 0 still evaluates, saves and logs after the last
+        # all-reduce, and a rank that tore its process group down meanwhile was seen to abort
+        # (SIGABRT) on its way out when the ranks run under torchrun agents on separate nodes.
+        dist.barrier()
     except BaseException:  # noqa: B902 - any failure: leave now, without waiting on the peers
         traceback.print_exc()
         print("rank %d of %d failed" % (ctx.rank, ctx.world), file=sys.stderr)
