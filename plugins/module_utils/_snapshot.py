@@ -17,6 +17,9 @@ domains with PCI hostdevs (a GPU cannot be migrated/saved). So the module only m
 libvirt snapshots have no metadata element; ``metadata`` is kept as a JSON trailer in the
 description, behind a marker line, so ``virsh snapshot-info``/``snapshot-dumpxml`` show it and
 it survives reverts (domain metadata would be rolled back by a revert).
+
+:class:`SnapshotService` is the only code of mlinfra.kvm.snapshot and mlinfra.kvm.snapshot_info
+that talks to libvirt; :func:`load_domain` and :func:`listing` are what both modules report.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _xml as X
 from ._errors import InvalidInputError
+from ._libvirt import call, libvirt, lookup
 
 METADATA_MARKER = "-- mlinfra.kvm metadata --"
 
@@ -151,3 +155,81 @@ def describe_snapshot_xml(snapshot_xml: str) -> Dict[str, Any]:
         "location": "external" if external else "internal",
         "disks": disks,
     }
+
+
+class SnapshotService:
+    """The only code that talks to libvirt for snapshots."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def domain(self, name: str) -> Optional[Any]:
+        return lookup("looking up domain %s" % name, self.conn.lookupByName, name, (libvirt.VIR_ERR_NO_DOMAIN,))
+
+    def domain_state(self, dom: Any) -> str:
+        state = call("reading the state of domain %s" % dom.name(), dom.state)[0]
+        return DOMAIN_STATES.get(state, str(state))
+
+    def domain_xml(self, dom: Any) -> str:
+        # The inactive definition lists every configured disk and hostdev.
+        return call("reading the XML of domain %s" % dom.name(), dom.XMLDesc, libvirt.VIR_DOMAIN_XML_INACTIVE)
+
+    def get(self, dom: Any, name: str) -> Optional[Any]:
+        return lookup("looking up snapshot %s of %s" % (name, dom.name()), dom.snapshotLookupByName, name,
+                      (libvirt.VIR_ERR_NO_DOMAIN_SNAPSHOT,))
+
+    def all(self, dom: Any) -> List[Any]:
+        return call("listing snapshots of %s" % dom.name(), dom.listAllSnapshots,
+                    libvirt.VIR_DOMAIN_SNAPSHOT_LIST_TOPOLOGICAL)
+
+    def xml(self, snap: Any) -> str:
+        return call("reading snapshot %s" % snap.getName(), snap.getXMLDesc, 0)
+
+    def is_current(self, snap: Any) -> bool:
+        return bool(call("reading snapshot %s" % snap.getName(), snap.isCurrent, 0))
+
+    def describe(self, snap: Any) -> Dict[str, Any]:
+        out = describe_snapshot_xml(self.xml(snap))
+        out["current"] = self.is_current(snap)
+        return out
+
+    def create(self, dom: Any, xml: str) -> Any:
+        return call("creating a snapshot of %s" % dom.name(), dom.snapshotCreateXML, xml,
+                    libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_VALIDATE)
+
+    def redefine(self, dom: Any, xml: str, current: bool) -> None:
+        # What `virsh snapshot-edit` does: same snapshot, new XML; keep the current marker.
+        flags = libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_REDEFINE
+        if current:
+            flags |= libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_CURRENT
+        call("redefining snapshot of %s" % dom.name(), dom.snapshotCreateXML, xml, flags)
+
+    def revert(self, snap: Any, after: str, force: bool) -> None:
+        flags = {"snapshot": 0, "running": libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_RUNNING,
+                 "paused": libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_PAUSED}[after]
+        if force:
+            flags |= libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_FORCE
+        call("reverting to snapshot %s" % snap.getName(), snap.getDomain().revertToSnapshot, snap, flags)
+
+    def delete(self, snap: Any, children: bool) -> None:
+        flags = libvirt.VIR_DOMAIN_SNAPSHOT_DELETE_CHILDREN if children else 0
+        call("deleting snapshot %s" % snap.getName(), snap.delete, flags)
+
+
+def load_domain(service: SnapshotService, name: str) -> Any:
+    """The domain called ``name`` (option ``domain``); a clear error when there is none."""
+    dom = service.domain(name)
+    if dom is None:
+        raise InvalidInputError("domain", name, "does not exist",
+                                "define the domain first (mlinfra.kvm.domain) or fix the name")
+    return dom
+
+
+def listing(service: SnapshotService, dom: Any) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """(every snapshot of ``dom`` described, parents before children; the current one's name)."""
+    snapshots = [service.describe(s) for s in service.all(dom)]
+    return snapshots, current_name(snapshots)
+
+
+def current_name(snapshots: List[Dict[str, Any]]) -> Optional[str]:
+    return next((s["name"] for s in snapshots if s.get("current")), None)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 DOCUMENTATION = r'''
 module: snapshot
-short_description: Create, list, revert to and delete internal libvirt snapshots of a domain
+short_description: Create, revert to and delete internal libvirt snapshots of a domain
 version_added: 0.1.0
 description:
-  - Creates named snapshots of a domain with a description and metadata, lists them, reverts
-    the domain to one, and deletes them.
+  - Creates named snapshots of a domain with a description and metadata, reverts the domain to
+    one, and deletes them.
+  - To list a domain's snapshots, use M(mlinfra.kvm.snapshot_info). (Up to 0.1.x this module
+    listed them with C(state=info); that state was removed in 0.2.0.)
   - B(Which snapshots, and why.) The module makes only I(internal) snapshots, because they are
     the only kind libvirt 9.0 can revert to (it cannot revert external snapshots), and because
     libvirt refuses memory state for domains with PCI host devices (a passed-through GPU cannot
@@ -32,7 +34,6 @@ description:
     written since the last revert, and libvirt's "current snapshot" marker does not say so. So a
     revert always reverts and always reports C(changed=true), in check mode too. Put it behind
     a C(when:) if it should only run sometimes.
-  - O(state=info) lists the domain's snapshots and changes nothing.
   - libvirt keeps C(metadata) nowhere in a snapshot, so the module stores it as a JSON trailer
     after a marker line in the snapshot's description; C(virsh snapshot-info) shows it, and it
     survives reverts (domain metadata would be rolled back by one).
@@ -42,16 +43,17 @@ options:
     type: str
     required: true
   name:
-    description: Snapshot name. Required unless O(state=info).
+    description: Snapshot name.
     type: str
+    required: true
   state:
     description:
       - V(present) creates the snapshot when it does not exist.
       - V(absent) deletes it (its internal data in the qcow2 files and libvirt's metadata).
       - V(reverted) reverts the domain to it (always an action, see above).
-      - V(info) returns the snapshots and changes nothing.
+      - There is no V(info) (removed in 0.2.0); use M(mlinfra.kvm.snapshot_info) to list.
     type: str
-    choices: [present, absent, reverted, info]
+    choices: [present, absent, reverted]
     default: present
   description:
     description:
@@ -84,8 +86,10 @@ options:
     default: false
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+seealso:
+  - module: mlinfra.kvm.snapshot_info
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -103,10 +107,9 @@ EXAMPLES = r'''
       commit: 4f2a9c1
       dataset: imagenet-v3
 
-- name: List snapshots
-  mlinfra.kvm.snapshot:
+- name: List snapshots (a module of its own)
+  mlinfra.kvm.snapshot_info:
     domain: worker1
-    state: info
   register: snaps
 
 - name: Roll back and boot
@@ -125,20 +128,20 @@ EXAMPLES = r'''
 
 RETURN = r'''
 snapshot:
-  description: The snapshot after the run (what it would be, in check mode); null when absent or not named.
+  description: The snapshot after the run (what it would be, in check mode); null when absent.
   returned: always
   type: dict
   contains:
     name: {description: Snapshot name., type: str}
     description: {description: Its description (without the metadata trailer)., type: str}
     metadata: {description: Its metadata., type: dict}
-    domain_state: {description: State of the domain when taken (V(shutoff), V(running), ...)., type: str}
+    domain_state: {description: "State of the domain when taken (V(shutoff), V(running), ...).", type: str}
     creation_time: {description: Unix time it was taken., type: int}
-    parent: {description: Parent snapshot name, or null., type: str}
+    parent: {description: "Parent snapshot name, or null.", type: str}
     current: {description: Whether it is the domain's current snapshot., type: bool}
     location: {description: Always V(internal) for snapshots this module makes., type: str}
-    memory: {description: V(internal) for a checkpoint with RAM, V(no) for a disk snapshot., type: str}
-    disks: {description: Per disk target, V(internal) or V(no)., type: list, elements: dict}
+    memory: {description: "V(internal) for a checkpoint with RAM, V(no) for a disk snapshot.", type: str}
+    disks: {description: "Per disk target, V(internal) or V(no).", type: list, elements: dict}
   sample: {name: before-cuda-upgrade, description: Driver 535, metadata: {commit: 4f2a9c1},
            domain_state: shutoff, current: true, location: internal, memory: "no", parent: null}
 snapshots:
@@ -163,79 +166,20 @@ actions:
   sample: ["create internal disk snapshot"]
 '''
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _snapshot as S
 from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt, lookup
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
 
 
-class SnapshotService:
-    """The only code that talks to libvirt for snapshots."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    def domain(self, name: str) -> Optional[Any]:
-        return lookup("looking up domain %s" % name, self.conn.lookupByName, name, (libvirt.VIR_ERR_NO_DOMAIN,))
-
-    def domain_state(self, dom: Any) -> str:
-        state = call("reading the state of domain %s" % dom.name(), dom.state)[0]
-        return S.DOMAIN_STATES.get(state, str(state))
-
-    def domain_xml(self, dom: Any) -> str:
-        # The inactive definition lists every configured disk and hostdev.
-        return call("reading the XML of domain %s" % dom.name(), dom.XMLDesc, libvirt.VIR_DOMAIN_XML_INACTIVE)
-
-    def get(self, dom: Any, name: str) -> Optional[Any]:
-        return lookup("looking up snapshot %s of %s" % (name, dom.name()), dom.snapshotLookupByName, name,
-                      (libvirt.VIR_ERR_NO_DOMAIN_SNAPSHOT,))
-
-    def all(self, dom: Any) -> List[Any]:
-        return call("listing snapshots of %s" % dom.name(), dom.listAllSnapshots,
-                    libvirt.VIR_DOMAIN_SNAPSHOT_LIST_TOPOLOGICAL)
-
-    def xml(self, snap: Any) -> str:
-        return call("reading snapshot %s" % snap.getName(), snap.getXMLDesc, 0)
-
-    def is_current(self, snap: Any) -> bool:
-        return bool(call("reading snapshot %s" % snap.getName(), snap.isCurrent, 0))
-
-    def describe(self, snap: Any) -> Dict[str, Any]:
-        out = S.describe_snapshot_xml(self.xml(snap))
-        out["current"] = self.is_current(snap)
-        return out
-
-    def create(self, dom: Any, xml: str) -> Any:
-        return call("creating a snapshot of %s" % dom.name(), dom.snapshotCreateXML, xml,
-                    libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_VALIDATE)
-
-    def redefine(self, dom: Any, xml: str, current: bool) -> None:
-        # What `virsh snapshot-edit` does: same snapshot, new XML; keep the current marker.
-        flags = libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_REDEFINE
-        if current:
-            flags |= libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_CURRENT
-        call("redefining snapshot of %s" % dom.name(), dom.snapshotCreateXML, xml, flags)
-
-    def revert(self, snap: Any, after: str, force: bool) -> None:
-        flags = {"snapshot": 0, "running": libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_RUNNING,
-                 "paused": libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_PAUSED}[after]
-        if force:
-            flags |= libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_FORCE
-        call("reverting to snapshot %s" % snap.getName(), snap.getDomain().revertToSnapshot, snap, flags)
-
-    def delete(self, snap: Any, children: bool) -> None:
-        flags = libvirt.VIR_DOMAIN_SNAPSHOT_DELETE_CHILDREN if children else 0
-        call("deleting snapshot %s" % snap.getName(), snap.delete, flags)
-
-
 class SnapshotRunner:
-    def __init__(self, module: AnsibleModule, service: SnapshotService) -> None:
+    def __init__(self, module: AnsibleModule, service: S.SnapshotService) -> None:
         self.module = module
         self.params = module.params
         self.service = service
@@ -246,29 +190,18 @@ class SnapshotRunner:
     def validate(self) -> None:
         p = self.params
         object_name("domain", p["domain"])
-        if p["state"] != "info" and p["name"] is None:
-            raise InvalidInputError("name", None, "is required with state=%s" % p["state"],
-                                    "name the snapshot (state=info lists them without one)")
-        if p["name"] is not None:
-            object_name("name", p["name"])
+        object_name("name", p["name"])  # required by the argspec
         p["metadata"] = S.normalise_metadata(p["metadata"]) if p["metadata"] is not None else None
         if p["description"] is not None and S.METADATA_MARKER in p["description"]:
             raise InvalidInputError("description", p["description"], "contains the metadata marker line",
                                     "remove '%s' from the description" % S.METADATA_MARKER)
 
-    def load_domain(self) -> Any:
-        dom = self.service.domain(self.params["domain"])
-        if dom is None:
-            raise InvalidInputError("domain", self.params["domain"], "does not exist",
-                                    "define the domain first (mlinfra.kvm.domain) or fix the name")
-        return dom
-
     # -- run --------------------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
         self.validate()
-        dom = self.load_domain()
+        dom = S.load_domain(self.service, self.params["domain"])
         name = self.params["name"]
-        snap = self.service.get(dom, name) if name else None
+        snap = self.service.get(dom, name)
         before = self.service.describe(snap) if snap is not None else None
         state = self.params["state"]
         predicted: Optional[Dict[str, Any]] = before
@@ -346,22 +279,22 @@ class SnapshotRunner:
         p = self.params
         if snap is None:
             raise InvalidInputError("name", p["name"], "is not a snapshot of domain %s" % p["domain"],
-                                    "create it first (state=present) or pick one from state=info")
+                                    "create it first (state=present) or pick one from mlinfra.kvm.snapshot_info")
         # Always an action: see DOCUMENTATION (the disks may have changed since any revert).
         self.tracker.action("revert to %s (then %s)" % (p["name"], p["after_revert"]))
         if not self.check:
             self.service.revert(snap, p["after_revert"], p["force"])
 
     # -- result -----------------------------------------------------------------------------
-    def result(self, dom: Any, name: Optional[str], before: Optional[Dict[str, Any]],
+    def result(self, dom: Any, name: str, before: Optional[Dict[str, Any]],
                predicted: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-        snapshots = [self.service.describe(s) for s in self.service.all(dom)]
+        snapshots, current = S.listing(self.service, dom)
         if self.check:
             after = predicted
             snapshots = [s for s in snapshots if s["name"] != name] + ([after] if after else [])
+            current = S.current_name(snapshots)
         else:
-            after = next((s for s in snapshots if s["name"] == name), None) if name else None
-        current = next((s["name"] for s in snapshots if s.get("current")), None)
+            after = next((s for s in snapshots if s["name"] == name), None)
         out: Dict[str, Any] = {"changed": self.tracker.changed, "actions": self.tracker.actions,
                                "snapshot": after, "snapshots": snapshots, "current": current,
                                "domain_state": self.service.domain_state(dom)}
@@ -379,8 +312,8 @@ class SnapshotRunner:
 def main() -> None:
     argument_spec: Dict[str, Any] = dict(
         domain=dict(type="str", required=True),
-        name=dict(type="str"),
-        state=dict(type="str", choices=["present", "absent", "reverted", "info"], default="present"),
+        name=dict(type="str", required=True),
+        state=dict(type="str", choices=["present", "absent", "reverted"], default="present"),
         description=dict(type="str"),
         metadata=dict(type="dict"),
         after_revert=dict(type="str", choices=["snapshot", "running", "paused"], default="snapshot"),
@@ -392,7 +325,7 @@ def main() -> None:
 
     def runner() -> Dict[str, Any]:
         with Connection(module.params["uri"]) as conn:
-            return SnapshotRunner(module, SnapshotService(conn.conn)).run()
+            return SnapshotRunner(module, S.SnapshotService(conn.conn)).run()
 
     run(module, runner)
 

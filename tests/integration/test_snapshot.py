@@ -82,7 +82,7 @@ def qemu_snapshots(disk: Path) -> str:
 
 
 def qemu_io(disk: Path, command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["qemu-io", "-f", "qcow2", "-c", command, str(disk)], capture_output=True, text=True)
+    return subprocess.run(["qemu-io", "-f", "qcow2", "-c", command, str(disk)], capture_output=True, text=True, check=False)
 
 
 def snapshot_names(uri: str, domain: str):
@@ -166,14 +166,56 @@ def test_info_lists_in_order_and_changes_nothing(shutoff_domain, run_module) -> 
     base = {"uri": d["uri"], "domain": d["name"]}
     run_module("snapshot", dict(base, name="one", metadata={"k": "v"}))
     run_module("snapshot", dict(base, name="two"))
-    info = run_module("snapshot", dict(base, state="info"))
+    info = run_module("snapshot_info", base)
     assert info["changed"] is False and not info["failed"], info
     assert [s["name"] for s in info["snapshots"]] == ["one", "two"]
     assert info["snapshots"][1]["parent"] == "one"
     assert info["current"] == "two"
     assert info["snapshot"] is None
-    named = run_module("snapshot", dict(base, name="one", state="info"))
+    assert info["domain_state"] == "shutoff"
+    named = run_module("snapshot_info", dict(base, name="one"))
     assert named["snapshot"]["metadata"] == {"k": "v"} and named["changed"] is False
+    assert [s["name"] for s in named["snapshots"]] == ["one", "two"]
+    # Check mode answers the same (an _info module runs in check mode too).
+    checked = run_module("snapshot_info", dict(base, name="one"), check=True)
+    assert not checked["failed"] and checked["changed"] is False, checked
+    assert checked["snapshot"] == named["snapshot"] and checked["snapshots"] == named["snapshots"]
+    assert snapshot_names(d["uri"], d["name"]) == ["one", "two"]
+
+
+def test_info_of_a_domain_without_snapshots(shutoff_domain, run_module) -> None:
+    d = shutoff_domain
+    info = run_module("snapshot_info", {"uri": d["uri"], "domain": d["name"]})
+    assert not info["failed"] and info["changed"] is False, info
+    assert info["snapshots"] == [] and info["current"] is None and info["snapshot"] is None
+
+
+def test_state_info_is_refused(shutoff_domain, run_module) -> None:
+    """state=info was removed in 0.2.0 (snapshot_info lists): refused before anything is read."""
+    d = shutoff_domain
+    result = run_module("snapshot", {"uri": d["uri"], "domain": d["name"], "name": "s", "state": "info"})
+    assert result["failed"] and not result.get("changed"), result
+    assert "value of state must be one of: present, absent, reverted, got: info" in result["msg"], result["msg"]
+    assert "Traceback" not in result["msg"] and "exception" not in result, result
+    assert snapshot_names(d["uri"], d["name"]) == []
+
+
+@pytest.mark.parametrize("case, args, fragment", [
+    ("unknown domain", {"domain": "{prefix}missing"}, "option domain: value '{prefix}missing' does not exist"),
+    ("bad domain name", {"domain": "a/b"}, "option domain: value 'a/b' is not a valid name"),
+    ("unknown snapshot", {"name": "nope"}, "option name: value 'nope' is not a snapshot of domain {domain}"),
+    ("bad name", {"name": "has space"}, "option name: value 'has space' is not a valid name"),
+    ("no domain", {"domain": None}, "missing required arguments: domain"),
+])
+def test_info_bad_input_is_a_clear_error(shutoff_domain, run_module, libvirt_cleanup, case, args, fragment) -> None:
+    d = shutoff_domain
+    request = {"uri": d["uri"], "domain": d["name"]}
+    request.update({k: v.format(prefix=libvirt_cleanup) if isinstance(v, str) else v for k, v in args.items()})
+    request = {k: v for k, v in request.items() if v is not None}
+    result = run_module("snapshot_info", request)
+    assert result["failed"] and not result.get("changed"), (case, result)
+    assert fragment.format(prefix=libvirt_cleanup, domain=d["name"]) in result["msg"], (case, result["msg"])
+    assert "Traceback" not in result["msg"] and "exception" not in result, (case, result)
 
 
 def test_delete_with_children(shutoff_domain, run_module) -> None:
@@ -189,7 +231,7 @@ def test_delete_with_children(shutoff_domain, run_module) -> None:
 @pytest.mark.parametrize("case, args, fragment", [
     ("unknown domain", {"domain": "{prefix}missing", "name": "s"}, "option domain:"),
     ("bad domain name", {"domain": "a/b", "name": "s"}, "option domain:"),
-    ("no name", {"name": None}, "option name:"),
+    ("no name", {"name": None}, "missing required arguments: name"),
     ("bad name", {"name": "has space"}, "option name:"),
     ("revert unknown", {"name": "nope", "state": "reverted"}, "is not a snapshot of domain"),
     ("metadata nested", {"name": "s", "metadata": {"a": {"b": 1}}}, "option metadata.a:"),
@@ -203,7 +245,8 @@ def test_bad_input_is_a_clear_error(shutoff_domain, run_module, libvirt_cleanup,
                     for k, v in args.items()})
     request = {k: v for k, v in request.items() if v is not None}
     result = run_module("snapshot", request)
-    assert result["failed"] and result["changed"] is False, (case, result)
+    # An argspec error (a missing required option) reports no "changed" at all.
+    assert result["failed"] and not result.get("changed"), (case, result)
     assert fragment in result["msg"], result["msg"]
     assert snapshot_names(d["uri"], d["name"]) == []
     assert qemu_snapshots(d["disk"]).strip() == ""
