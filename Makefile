@@ -16,7 +16,7 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 	prometheus-blackbox-exporter daemon chromium chromium-driver
 
 .PHONY: help setup apt venv vendor daemons test test-unit test-integration test-vm test-container test-lab test-molecule test-gpu-host \
-	image lab teardown bench build clean
+	image lab teardown bench build clean sanity lint changelog
 
 help:
 	@echo "make setup             install Debian packages, create .venv, start libvirtd/virtlogd"
@@ -33,6 +33,9 @@ help:
 	@echo "make teardown          remove the lab's VMs, volumes and networks (keeps the image)"
 	@echo "make bench             benchmarks under bench/ (not part of the tests)"
 	@echo "make build             ansible-galaxy collection build"
+	@echo "make sanity            ansible-test sanity on a copy of the tree (about 1 min warm; in the unit tier)"
+	@echo "make lint              ansible-lint --profile production and antsibull-changelog lint (in the unit tier)"
+	@echo "make changelog         CHANGELOG.rst from changelogs/ (antsibull-changelog generate)"
 
 setup: apt venv vendor daemons
 
@@ -108,6 +111,16 @@ bench: setup
 
 build: venv
 	@$(VENV)/bin/ansible-galaxy collection build --force --output-path .
+
+sanity: venv
+	@scripts/sanity.sh
+
+lint: venv
+	@scripts/lint.sh
+	@$(VENV)/bin/antsibull-changelog lint
+
+changelog: venv
+	@$(VENV)/bin/antsibull-changelog generate
 
 clean:
 	rm -rf .cache .pytest_cache mlinfra-kvm-*.tar.gz
