@@ -85,6 +85,7 @@ start_libvirtd() {
   else
     chmod 0600 "$KVM_NODE"
   fi
+  # shellcheck disable=SC2016  # $1 is the inner sh's argument, expanded there
   unshare --mount --propagation private -- sh -c 'mount --bind "$1" /dev/kvm && exec libvirtd -d' sh "$KVM_NODE"
 }
 

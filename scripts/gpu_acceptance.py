@@ -33,7 +33,7 @@ def time_cuda(torch, fn, iters: int) -> float:
     end = torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
-    for _ in range(iters):
+    for _unused in range(iters):
         fn()
     end.record()
     torch.cuda.synchronize()
@@ -43,9 +43,9 @@ def time_cuda(torch, fn, iters: int) -> float:
 def matmul_tflops(torch, n: int, iters: int, repeats: int) -> float:
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
+    for _unused in range(3):
         torch.matmul(a, b)
-    runs = [2 * n ** 3 / time_cuda(torch, lambda: torch.matmul(a, b), iters) / 1e12 for _ in range(repeats)]
+    runs = [2 * n ** 3 / time_cuda(torch, lambda: torch.matmul(a, b), iters) / 1e12 for _unused in range(repeats)]
     return statistics.median(runs)
 
 
@@ -53,9 +53,9 @@ def h2d_pinned_gbps(torch, mib: int, iters: int, repeats: int) -> float:
     nbytes = mib * 1024 * 1024
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    for _ in range(3):
+    for _unused in range(3):
         dev.copy_(host, non_blocking=True)
-    runs = [nbytes / time_cuda(torch, lambda: dev.copy_(host, non_blocking=True), iters) / 1e9 for _ in range(repeats)]
+    runs = [nbytes / time_cuda(torch, lambda: dev.copy_(host, non_blocking=True), iters) / 1e9 for _unused in range(repeats)]
     return statistics.median(runs)
 
 

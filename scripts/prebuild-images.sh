@@ -10,7 +10,7 @@
 # image while this runs waits for it and then finds it up to date; a build that fails here is
 # tried again (and reported) by the test that needs it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 status=0
 START=$(date +%s)
 step() {

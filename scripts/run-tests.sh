@@ -16,7 +16,7 @@
 # Each tier's wall time goes to $MLKVM_REPORT_DIR/tiers.tsv and its per-test times to
 # junit-<tier>.xml there; scripts/test-report.py prints them as one table (.ci/run does).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 REPORT_DIR="$(realpath -m "${MLKVM_REPORT_DIR:-.cache/test-report}")"
 mkdir -p "$REPORT_DIR"
 export MLKVM_REPORT_DIR="$REPORT_DIR"   # the lab tier keeps its playbook logs there
@@ -38,6 +38,7 @@ busy_percent() {  # busy_percent "BUSY0 IDLE0" "BUSY1 IDLE1"
 }
 
 prebuild_pid=""
+# shellcheck disable=SC2317  # called through the EXIT trap
 stop_prebuild() {
   if [ -n "$prebuild_pid" ] && kill -0 "$prebuild_pid" 2>/dev/null; then
     echo "=== stopping the background image build"
@@ -75,6 +76,7 @@ run_tier() {  # run_tier TIER: one pytest session; records its wall time; return
   echo "=== tier: $tier ($(date -u +%H:%M:%S))"
   start=$(date +%s)
   cpu0=$(cpu_sample)
+  # shellcheck disable=SC2086  # PYTEST_ARGS is split into words on purpose
   .venv/bin/pytest -m "$tier" --junitxml="$REPORT_DIR/junit-$tier.xml" -o junit_family=xunit2 ${PYTEST_ARGS:-}
   rc=$?
   elapsed=$(( $(date +%s) - start ))

@@ -46,7 +46,7 @@ def run_module_process(name: str, args: Dict[str, Any], check: bool = False,
     proc = subprocess.run(
         [sys.executable, "-m", "ansible_collections.mlinfra.kvm.plugins.modules.%s" % name],
         input=json.dumps({"ANSIBLE_MODULE_ARGS": payload}), capture_output=True, text=True,
-        env=module_env(), cwd=str(ROOT), timeout=timeout)
+        env=module_env(), cwd=str(ROOT), timeout=timeout, check=False)
     out = proc.stdout.strip()
     try:
         result = json.loads(out[out.index("{"):])

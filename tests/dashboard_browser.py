@@ -139,7 +139,10 @@ def open_dashboard(url: str, profile_dir: Path, screenshot: str, expect_texts: S
 
     with chromium(profile_dir) as driver:
         driver.get(url)
-        body = lambda: driver.find_element(By.TAG_NAME, "body").text  # noqa: E731
+
+        def body():
+            return driver.find_element(By.TAG_NAME, "body").text
+
         wait_for("%s on the page" % ", ".join(expect_texts), lambda: all(t in body() for t in expect_texts),
                  timeout=timeout, interval=1, diagnostics=lambda: body()[:3000])
         drawn = wait_for("a chart with a drawn series", lambda: driver.execute_script(DRAWN_CHARTS_JS),

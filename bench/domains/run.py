@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: define N domains from structured options, then re-run with nothing to change;
 the same with community.libvirt's ``virt`` module (command=define from a template); and the
 inventory plugin listing M defined domains.
@@ -62,7 +61,7 @@ def free_subnet(conn) -> ipaddress.IPv4Network:
             if ip.get("address") and ip.get("family", "ipv4") == "ipv4":
                 mask = ip.get("netmask") or ip.get("prefix") or "24"
                 used.append(ipaddress.IPv4Network("%s/%s" % (ip.get("address"), mask), strict=False))
-    for token in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.split():
+    for token in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=False).stdout.split():
         if "/" in token and token[0].isdigit():
             used.append(ipaddress.IPv4Network(token, strict=False))
     for third in range(0, 256, 4):
@@ -96,7 +95,7 @@ def play(venv: Path, playbook: str, extra: dict) -> float:
     cmd = [str(venv / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(HERE / playbook),
            "-e", json.dumps(dict(extra, ansible_python_interpreter=str(venv / "bin" / "python")))]
     start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(HERE))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(HERE), check=False)
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-3000:])
@@ -141,21 +140,21 @@ def time_inventory(venv: Path, count: int, repeat: int) -> dict:
     def once(source: str) -> tuple:
         start = time.monotonic()
         proc = subprocess.run([str(venv / "bin" / "ansible-inventory"), "-i", source, "--list"],
-                              capture_output=True, text=True, env=env, cwd=str(ROOT))
+                              capture_output=True, text=True, env=env, cwd=str(ROOT), check=False)
         elapsed = time.monotonic() - start
         if proc.returncode != 0:
             raise SystemExit("ansible-inventory failed: %s" % proc.stderr[-3000:])
         return elapsed, json.loads(proc.stdout)
 
     runs, data = [], {}
-    for _ in range(repeat):
+    for _unused in range(repeat):
         elapsed, data = once(str(inv))
         runs.append(elapsed)
     hosts = data["_meta"]["hostvars"]
     with_address = sum(1 for h in hosts.values() if h.get("ansible_host"))
     if len(hosts) != count or with_address != count:
         raise SystemExit("inventory listed %d hosts, %d with ansible_host; expected %d" % (len(hosts), with_address, count))
-    baseline = statistics.median(once("localhost,")[0] for _ in range(repeat))
+    baseline = statistics.median(once("localhost,")[0] for _unused in range(repeat))
     median = statistics.median(runs)
     print("  ansible-inventory, %d domains: %.2f s (median of %d); empty inventory: %.2f s"
           % (count, median, repeat, baseline), flush=True)
@@ -187,7 +186,7 @@ def main() -> None:
         # the medians are compared.
         print("no-op re-runs, interleaved, %d each" % args.noop_runs, flush=True)
         m_runs, c_runs = [], []
-        for _ in range(args.noop_runs):
+        for _unused in range(args.noop_runs):
             m_runs.append(play(venv, "mlinfra.yml", extra))
             c_runs.append(play(venv, "community.yml", extra))
         m_second, c_second = statistics.median(m_runs), statistics.median(c_runs)
@@ -206,7 +205,7 @@ def main() -> None:
         "community_noop_ms_per_domain": round(1000 * c_second / args.domains, 1),
         "ansible_core": subprocess.run([str(venv / "bin" / "python"), "-c",
                                         "import ansible.release as r; print(r.__version__)"],
-                                       capture_output=True, text=True).stdout.strip(),
+                                       capture_output=True, text=True, check=False).stdout.strip(),
         "mlinfra_noop_runs_s": [round(x, 2) for x in m_runs],
         "community_noop_runs_s": [round(x, 2) for x in c_runs],
         "cpus": os.cpu_count(),

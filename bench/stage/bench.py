@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: mlinfra.kvm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """ml_stage against DVC on the same data, in the same run (issue 5).
@@ -113,7 +112,7 @@ def child_cpu() -> float:
 def timed(argv: List[str], **kwargs: Any) -> Tuple[float, float, "subprocess.CompletedProcess[str]"]:
     """(wall seconds, CPU seconds of the child, the finished process)."""
     cpu, t = child_cpu(), time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+    proc = subprocess.run(argv, capture_output=True, text=True, **kwargs, check=False)
     return time.perf_counter() - t, child_cpu() - cpu, proc
 
 
@@ -146,7 +145,7 @@ class Dvc:
         wall, cpu, proc = timed([self.bin] + list(args), cwd=str(cwd), env=env)
         if proc.returncode != 0:
             raise SystemExit("dvc %s failed (%s): %s %s" % (" ".join(args), proc.returncode,
-                                                         proc.stdout, proc.stderr))
+                                                            proc.stdout, proc.stderr))
         return wall, cpu, proc.stdout + proc.stderr
 
     def as_task(self, cwd: Path, *args: str) -> Tuple[float, float, str]:
@@ -194,7 +193,7 @@ def hash_throughput(path: Path, repeat: int) -> Dict[str, float]:
         if not H.available(algo):
             continue
         best = 1e9
-        for _ in range(repeat):
+        for _unused in range(repeat):
             t = time.perf_counter()
             H.hash_file(str(path), algo, size)
             best = min(best, time.perf_counter() - t)
@@ -211,7 +210,7 @@ def first_time(cwd: Path, dvc: Dvc, repeat: int) -> Dict[str, Any]:
     """1 GiB file, no stat cache / DVC state: the cost of hashing it end to end."""
     size = (cwd / "data" / "big.bin").stat().st_size
     ours, ours_cpu = [], []
-    for _ in range(repeat):
+    for _unused in range(repeat):
         state = ".ml_stage_first"
         shutil.rmtree(cwd / state, ignore_errors=True)
         wall, cpu, res = ml_stage(stage_args(cwd, "first", ["data/big.bin"], "out_first.txt", state),
@@ -245,7 +244,7 @@ def noop(cwd: Path, dvc: Dvc, repeat: int) -> Dict[str, Any]:
     time.sleep(2.1)  # let the newest files age past the racy window, as real data has
     ml_stage(args)   # warm the stat cache (what a first no-op run on real data does)
     ours, ours_cpu, inside = [], [], []
-    for _ in range(repeat):
+    for _unused in range(repeat):
         wall, cpu, res = ml_stage(args)
         assert res["changed"] is False and not res["reasons"], res
         ours.append(wall)
@@ -254,7 +253,7 @@ def noop(cwd: Path, dvc: Dvc, repeat: int) -> Dict[str, Any]:
     first_dvc, _cpu, _out = dvc(cwd, "repro", "-q", "bench")
     dvc(cwd, "status")  # warm
     theirs, theirs_cpu, task, task_cpu = [], [], [], []
-    for _ in range(repeat):  # interleaved, so that load changes hit both alike
+    for _unused in range(repeat):  # interleaved, so that load changes hit both alike
         wall, cpu, out = dvc(cwd, "status", "bench")
         assert "up to date" in out, out
         theirs.append(wall)
@@ -354,19 +353,19 @@ def table(s: Dict[str, Any]) -> str:
     for name, sc in s["scenarios"].items():
         label = "no-op %s: %d files, %.2f GiB" % (name, sc["files"], sc["bytes"] / GiB)
         rows.append("%-38s %11.3fs %11.3fs %7.1fx" % (label, sc["ml_stage_noop_s"]["median"],
-                                                   sc["dvc_status_s"]["median"], sc["speedup"]))
+                                                      sc["dvc_status_s"]["median"], sc["speedup"]))
         rows.append("%-38s %11.3fs %11.3fs %7.1fx" % ("  CPU time (user+sys)", sc["ml_stage_cpu_s"]["median"],
-                                                   sc["dvc_cpu_s"]["median"], sc["speedup_cpu"]))
+                                                      sc["dvc_cpu_s"]["median"], sc["speedup_cpu"]))
         rows.append("%-38s %11.3fs %11.3fs %7.1fx" % ("  both as Ansible tasks (dvc: command)",
-                                                   sc["ml_stage_noop_s"]["median"],
-                                                   sc["dvc_status_as_ansible_task_s"]["median"],
-                                                   sc["speedup_as_ansible_tasks"]))
+                                                      sc["ml_stage_noop_s"]["median"],
+                                                      sc["dvc_status_as_ansible_task_s"]["median"],
+                                                      sc["speedup_as_ansible_tasks"]))
         rows.append("%-38s %11.3fs %11.3fs %7.1fx" % ("    CPU time (user+sys)", sc["ml_stage_cpu_s"]["median"],
-                                                   sc["dvc_as_ansible_task_cpu_s"]["median"],
-                                                   sc["speedup_as_ansible_tasks_cpu"]))
+                                                      sc["dvc_as_ansible_task_cpu_s"]["median"],
+                                                      sc["speedup_as_ansible_tasks_cpu"]))
         rows.append("%-38s %11.3fs" % ("  (check inside the module)", sc["ml_stage_check_in_module_s"]["median"]))
         rows.append("%-38s %11.1fs %11.1fs" % ("  first run / dvc repro", sc["first_run"]["ml_stage_s"],
-                                              sc["first_run"]["dvc_repro_s"]))
+                                               sc["first_run"]["dvc_repro_s"]))
     if "hash_MBps" in s:
         h = s["hash_MBps"]
         for algo in H.SUPPORTED:
@@ -376,8 +375,8 @@ def table(s: Dict[str, Any]) -> str:
                     h[algo] / h["dvc_md5"]))
         ft = s["first_time_1GiB"]
         rows.append("%-38s %9.0f MB/s %9.0f MB/s %7.1fx" % ("first-time check of 1 GiB (end to end)",
-                                                          ft["ml_stage_MBps"], ft["dvc_MBps"],
-                                                          ft["ml_stage_MBps"] / ft["dvc_MBps"]))
+                                                            ft["ml_stage_MBps"], ft["dvc_MBps"],
+                                                            ft["ml_stage_MBps"] / ft["dvc_MBps"]))
     rows.append("load average at the end: %s" % s.get("loadavg"))
     rows.append("goals: " + ", ".join("%s=%s" % kv for kv in s["goals"].items()))
     return "\n".join(rows)

@@ -68,7 +68,7 @@ die() { echo "build.sh: $*" >&2; exit 1; }
 # Package list: packages.txt without comments, plus the extras (comma or space separated),
 # sorted and unique so the same set always hashes the same.
 base_packages() { sed -e 's/#.*//' -e 's/[[:space:]]//g' "$HERE/packages.txt" | grep -v '^$'; }
-extra_packages() { tr ', ' '\n\n' <<<"$EXTRA_PACKAGES" | grep -v '^$' | sort -u || true; }
+extra_packages() { tr ',' ' ' <<<"$EXTRA_PACKAGES" | tr ' ' '\n' | grep -v '^$' | sort -u || true; }
 for pkg in $(extra_packages); do
   [[ "$pkg" =~ ^[a-z0-9][a-z0-9.+-]+$ ]] || die "--extra-packages: '$pkg' is not a Debian package name"
 done
@@ -160,7 +160,7 @@ ROOTFS="$TMP/rootfs"
 cleanup() {
   # Anything still mounted inside the chroot must go before the directory can be removed.
   for m in "$ROOTFS/proc" "$ROOTFS/sys" "$ROOTFS/dev/pts" "$ROOTFS/dev"; do
-    mountpoint -q "$m" 2>/dev/null && umount -l "$m" || true
+    if mountpoint -q "$m" 2>/dev/null; then umount -l "$m" || true; fi
   done
   rm -rf "$TMP"
 }
@@ -240,9 +240,9 @@ chroot "$ROOTFS" /usr/bin/apt-get clean
 rm -rf "$ROOTFS/debootstrap" 2>/dev/null || true
 
 step "copying kernel and initrd out"
-KSRC="$(readlink -f "$ROOTFS/vmlinuz" 2>/dev/null || ls "$ROOTFS"/boot/vmlinuz-* | tail -n1)"
-ISRC="$(readlink -f "$ROOTFS/initrd.img" 2>/dev/null || ls "$ROOTFS"/boot/initrd.img-* | tail -n1)"
-[ -s "$KSRC" ] && [ -s "$ISRC" ] || die "no kernel/initrd in the rootfs (is linux-image-amd64 installed?)"
+KSRC="$(readlink -f "$ROOTFS/vmlinuz" 2>/dev/null || find "$ROOTFS/boot" -maxdepth 1 -name 'vmlinuz-*' | sort | tail -n1)"
+ISRC="$(readlink -f "$ROOTFS/initrd.img" 2>/dev/null || find "$ROOTFS/boot" -maxdepth 1 -name 'initrd.img-*' | sort | tail -n1)"
+{ [ -s "$KSRC" ] && [ -s "$ISRC" ]; } || die "no kernel/initrd in the rootfs (is linux-image-amd64 installed?)"
 cp "$KSRC" "$TMP/vmlinuz"
 cp "$ISRC" "$TMP/initrd.img"
 

@@ -76,7 +76,7 @@ SRC_IMAGE=""; SRC_STAMP=""
 while IFS='=' read -r key value; do
   case "$key" in IMAGE) SRC_IMAGE="$value" ;; STAMP) SRC_STAMP="$value" ;; esac
 done < <(bash "$HERE/build.sh" --name "$NAME" --extra-packages "$EXTRA_PACKAGES $GRUB_PACKAGES" --print-paths)
-[ -s "$SRC_IMAGE" ] && [ -s "$SRC_STAMP" ] || die "build.sh did not leave $SRC_IMAGE and its stamp"
+{ [ -s "$SRC_IMAGE" ] && [ -s "$SRC_STAMP" ]; } || die "build.sh did not leave $SRC_IMAGE and its stamp"
 
 RECIPE="$( { cat "$SRC_STAMP"; sha256sum "$HERE/grub.sh"; } | sha256sum | cut -d' ' -f1)"
 
@@ -99,9 +99,9 @@ MNT="$TMP/mnt"
 LOOP=""
 cleanup() {
   for m in "$MNT/tmp/disk.raw" "$MNT/dev" "$MNT/proc" "$MNT/sys" "$MNT"; do
-    mountpoint -q "$m" 2>/dev/null && umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    if mountpoint -q "$m" 2>/dev/null; then umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; fi
   done
-  [ -n "$LOOP" ] && losetup -d "$LOOP" 2>/dev/null || true
+  if [ -n "$LOOP" ]; then losetup -d "$LOOP" 2>/dev/null || true; fi
   rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -125,9 +125,9 @@ rm -f "$TMP/fs.raw"
 LOOP="$(losetup -f --show -o 1048576 --sizelimit "$FS_BYTES" "$TMP/disk.raw")"
 mkdir -p "$MNT"
 mount -t ext4 "$LOOP" "$MNT"
-KERNEL_REL="$(cd "$MNT" && ls boot/vmlinuz-* | sort -V | tail -n1)"
-INITRD_REL="$(cd "$MNT" && ls boot/initrd.img-* | sort -V | tail -n1)"
-[ -n "$KERNEL_REL" ] && [ -n "$INITRD_REL" ] || die "no kernel/initrd under /boot of the rootfs"
+KERNEL_REL="$(cd "$MNT" && find boot -maxdepth 1 -name 'vmlinuz-*' | sort -V | tail -n1)"
+INITRD_REL="$(cd "$MNT" && find boot -maxdepth 1 -name 'initrd.img-*' | sort -V | tail -n1)"
+{ [ -n "$KERNEL_REL" ] && [ -n "$INITRD_REL" ]; } || die "no kernel/initrd under /boot of the rootfs"
 [ -d "$MNT/usr/lib/grub/i386-pc" ] || die "the rootfs lacks grub-pc-bin (/usr/lib/grub/i386-pc)"
 
 step "fstab, /etc/default/grub, first grub.cfg ($KERNEL_REL)"

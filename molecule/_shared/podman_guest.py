@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Create/destroy podman containers from the lab's guest image for package-level scenarios.
 
 The NVIDIA DKMS build under TCG takes far too long; in a container it runs at native speed
@@ -108,8 +107,8 @@ def create(ns: argparse.Namespace) -> None:
                           serial_log=keydir / "none", key=key, known_hosts=known_hosts, user="root")
     argv = guest.ssh_argv("true", connect_timeout=5)
     argv[argv.index("root@127.0.0.1"):argv.index("root@127.0.0.1")] = ["-p", str(port)]
-    for _ in range(60):
-        if subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL).returncode == 0:
+    for _unused in range(60):
+        if subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, check=False).returncode == 0:
             break
         import time
         time.sleep(1)

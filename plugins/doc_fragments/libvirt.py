@@ -25,4 +25,3 @@ notes:
   - libvirt errors are reported with libvirt's error code and message in C(libvirt_code) and
     C(libvirt_message).
 '''
-

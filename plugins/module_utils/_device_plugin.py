@@ -13,9 +13,17 @@ the plugin does. mig-parted's parser is strict (api/spec/v1); its rules are mirr
 from __future__ import annotations
 
 import re
+import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import yaml
+try:
+    import yaml
+except ImportError:  # the module fails with missing_required_lib (see YAML_IMPORT_ERROR)
+    HAS_YAML = False
+    YAML_IMPORT_ERROR: Optional[str] = traceback.format_exc()
+else:
+    HAS_YAML = True
+    YAML_IMPORT_ERROR = None
 
 from ._errors import InvalidInputError
 from ._mig import Profile, counted, describe_profiles, expand_request, lookup_profile, validate_request
@@ -239,7 +247,7 @@ def _check_value(option: str, value: Any, kind: Any) -> Any:
 def resource_name(option: str, value: Any) -> str:
     """'gpu' and 'nvidia.com/gpu' are one resource (the plugin adds the prefix itself)."""
     text = str(value or "").strip()
-    prefix, _, name = text.rpartition("/")
+    prefix, _unused, name = text.rpartition("/")
     if prefix and prefix != RESOURCE_PREFIX:
         raise InvalidInputError(option, value, "is not an nvidia.com resource", "use nvidia.com/gpu or nvidia.com/mig-<profile>")
     if name != "gpu" and not MIG_RESOURCE.match(name):
@@ -349,16 +357,16 @@ def advertised(config: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 # -- YAML ---------------------------------------------------------------------------------------------
 
-class _BlockDumper(yaml.SafeDumper):
-    """SafeDumper that writes multi-line strings as literal blocks (the Helm values' config.map)."""
-
-
-def _str(dumper: yaml.SafeDumper, data: str) -> Any:
+def _str(dumper: Any, data: str) -> Any:
     style = "|" if "\n" in data else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
 
-_BlockDumper.add_representer(str, _str)
+if HAS_YAML:
+    class _BlockDumper(yaml.SafeDumper):
+        """SafeDumper that writes multi-line strings as literal blocks (the Helm values' config.map)."""
+
+    _BlockDumper.add_representer(str, _str)
 
 
 def to_yaml(data: Any) -> str:

@@ -112,7 +112,7 @@ class DomainService:
     # ------------------------------------------------------------------ changes
     def define(self, root: Any) -> Any:
         dom = call("defining domain %s" % root.findtext("name"), self.conn.defineXML,
-                    to_string(root))
+                   to_string(root))
         self.performed.append('define')
         return dom
 

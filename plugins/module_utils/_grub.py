@@ -56,7 +56,7 @@ def parse_grubby_info(text: str) -> Dict[str, List[str]]:
     kernels: Dict[str, List[str]] = {}
     current: Optional[str] = None
     for line in text.splitlines():
-        key, _, value = line.partition("=")
+        key, _unused, value = line.partition("=")
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] == '"':
             value = value[1:-1]
@@ -72,7 +72,7 @@ def os_family(os_release: Optional[str]) -> Optional[str]:
     """``debian`` (Debian, Ubuntu and their kin) or ``redhat`` (RHEL, Rocky, Alma, Fedora...)."""
     fields: Dict[str, str] = {}
     for line in (os_release or "").splitlines():
-        key, _, value = line.partition("=")
+        key, _unused, value = line.partition("=")
         fields[key.strip()] = value.strip().strip('"').lower()
     names = [fields.get("ID", "")] + fields.get("ID_LIKE", "").split()
     if any(n in ("debian", "ubuntu") for n in names):

@@ -390,4 +390,3 @@ def _unique(uses: List[Use]) -> List[Use]:
         if use not in out:
             out.append(use)
     return out
-

@@ -168,7 +168,7 @@ def parse_lgip(text: str, gpu: int) -> Dict[int, Tuple[str, int, int, float]]:
     for line in text.splitlines():
         match = _LGIP_ROW.match(line)
         if match and int(match.group(1)) == gpu:
-            _, name, pid, free, total, mem = match.groups()
+            _unused, name, pid, free, total, mem = match.groups()
             out[int(pid)] = (name, int(free), int(total), float(mem))
     if not out:
         raise MigParseError("the profile table has no row for GPU %d" % gpu)
@@ -422,7 +422,7 @@ def largest_fitting_subset(wanted: Sequence[Profile], profiles: Sequence[Profile
     limits = [min(len(groups[k.id]), k.total) for k in kinds]
     best: Tuple[Tuple[Any, ...], List[Profile]] = ((-1,), [])
     for counts in product(*(range(n + 1) for n in limits)):
-        subset = [k for k, n in zip(kinds, counts) for _ in range(n)]
+        subset = [k for k, n in zip(kinds, counts) for _unused in range(n)]
         # Ties go to the entries listed first: the proposal reads as "the request minus its tail".
         score = (len(subset), sum(p.size for p in subset), sum(p.compute_slices for p in subset), counts)
         if score > best[0] and fits(subset, profiles):
@@ -531,7 +531,7 @@ def plan_geometry(existing: Sequence[GpuInstance], wanted: Sequence[Profile], pr
     if best_forced is None:  # validate_request proved the request fits an empty GPU
         raise ConflictError("%s: no arrangement of %s found" % (gpu_label, layout_text([p.name for p in wanted])))
     in_use = ", ".join("GPU instance %d (%s) used by %s" % (gi.id, gi.name, ", ".join(p.label() for p in
-                                                                                       _busy_on(gi, processes)))
+                                                                                      _busy_on(gi, processes)))
                        for gi in best_forced.destroy if _busy_on(gi, processes))
     raise ConflictError(
         "%s: reaching the wanted geometry destroys %s; stop those processes, or set force: true to have "
@@ -546,4 +546,4 @@ def geometry_labels(gis: Iterable[GpuInstance]) -> List[str]:
 def planned_labels(plan: Plan) -> List[str]:
     items = [(gi.start, gi.label()) for gi in plan.keep]
     items += [(start, "%s@%d:%d" % (p.name, start, p.size)) for p, start in plan.create]
-    return [label for _, label in sorted(items)]
+    return [label for _unused, label in sorted(items)]

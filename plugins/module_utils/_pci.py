@@ -102,7 +102,10 @@ class PciScanner:
 
     def device(self, address: str) -> Dict[str, Any]:
         path = self.device_dir(address)
-        attr = lambda name: read_attr(os.path.join(path, name))  # noqa: E731 - tiny local reader
+
+        def attr(name: str) -> Optional[str]:
+            return read_attr(os.path.join(path, name))
+
         class_code = hex_id(attr("class"), 6) or "000000"
         vendor, device = hex_id(attr("vendor")), hex_id(attr("device"))
         numa = attr("numa_node")

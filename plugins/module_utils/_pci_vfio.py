@@ -60,7 +60,7 @@ def render_modprobe(entries: Dict[str, Tuple[str, Optional[str]]], softdeps: Ite
     for address in sorted(entries):
         ident, module = entries[address]
         lines.append("# device %s %s host-module %s" % (address, ident, module or "-"))
-    ids = sorted({ident for ident, _ in entries.values()})
+    ids = sorted({ident for ident, _unused in entries.values()})
     lines.append("options vfio-pci ids=%s" % ",".join(ids))
     for module in sorted(set(softdeps) - {"vfio_pci", "vfio-pci"}):
         lines.append("softdep %s pre: vfio-pci" % module)

@@ -42,7 +42,7 @@ print(json.dumps({'python': '%d.%d.%d' % tuple(sys.version_info[:3]),
 def python_fingerprint(interpreter: str, env: Dict[str, str], cwd: str) -> Dict[str, Any]:
     try:
         proc = subprocess.run([interpreter, "-c", _PY_SCRIPT], cwd=cwd, env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InvalidInputError("code.python", interpreter, "could not be run (%s)" % exc,
                                 "give the path of the Python interpreter the command uses")
@@ -62,7 +62,7 @@ def python_fingerprint(interpreter: str, env: Dict[str, str], cwd: str) -> Dict[
 def _git(repo: str, args: List[str], check: bool = True) -> bytes:
     try:
         proc = subprocess.run(["git", "-C", repo] + args, stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=300)
+                              capture_output=True, timeout=300, check=False)
     except OSError as exc:
         raise InvalidInputError("code.git", repo, "cannot be read: git is not runnable (%s)" % exc,
                                 "install git on the target host or drop code.git")

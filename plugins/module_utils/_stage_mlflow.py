@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: mlinfra.kvm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A small MLflow tracking client over the REST API, with urllib only (imported on first
+"""A small MLflow tracking client over the REST API, with ansible.module_utils.urls (imported on first
 use, so a stage without MLflow does not pay for it).
 
 The target host needs no ``mlflow`` package. Covered: /health, experiments get-by-name and
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import shutil
 import time
@@ -60,12 +61,7 @@ class MlflowClient:
         elif username is not None:
             raw = ("%s:%s" % (username, password or "")).encode("utf-8")
             self.headers["Authorization"] = "Basic " + base64.b64encode(raw).decode("ascii")
-        self._ctx = None
-        if self.base.startswith("https") and not validate_certs:
-            import ssl
-            self._ctx = ssl.create_default_context()
-            self._ctx.check_hostname = False
-            self._ctx.verify_mode = ssl.CERT_NONE
+        self.validate_certs = validate_certs
 
     @classmethod
     def for_stage(cls, m: Any) -> "MlflowClient":
@@ -77,12 +73,11 @@ class MlflowClient:
     def _open(self, method: str, url: str, data: Any = None,
               headers: Optional[Dict[str, str]] = None, timeout: Optional[float] = None) -> Any:
         import urllib.error
-        import urllib.request
-        req = urllib.request.Request(url, data=data, method=method)
-        for key, value in dict(self.headers, **(headers or {})).items():
-            req.add_header(key, value)
+        from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, open_url
         try:
-            return urllib.request.urlopen(req, timeout=timeout or self.timeout, context=self._ctx)
+            # No ~/.netrc lookup: the only credentials sent are the ones of the mlflow option.
+            return open_url(url, data=data, headers=dict(self.headers, **(headers or {})), method=method,
+                            timeout=timeout or self.timeout, validate_certs=self.validate_certs, use_netrc=False)
         except urllib.error.HTTPError as exc:
             body = exc.read().decode("utf-8", "replace")
             code = None
@@ -99,7 +94,7 @@ class MlflowClient:
             raise MlflowError("MLflow %s %s: HTTP %s%s%s" % (method, url.split("?")[0], exc.code,
                                                              " " + message if message else "", hint),
                               status=exc.code, error_code=code)
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, UrlsConnectionError) as exc:
             reason = getattr(exc, "reason", exc)
             raise MlflowError("MLflow tracking server %s is unreachable (%s)" % (self.base, reason))
 
@@ -214,7 +209,7 @@ class MlflowClient:
         size = os.path.getsize(source)
         with open(source, "rb") as f:
             with self._open("PUT", url, f, {"Content-Type": "application/octet-stream",
-                                             "Content-Length": str(size)},
+                                            "Content-Length": str(size)},
                             timeout=max(self.timeout, 600)) as resp:
                 resp.read()
 
@@ -274,7 +269,7 @@ def numeric_metrics(data: Any) -> Dict[str, float]:
     for key, value in flatten(data):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):  # NaN and +/-inf are no metric values
             continue
         out[key] = float(value)
     return out

@@ -44,7 +44,8 @@ class StageTracker:
     def __init__(self, spec: StageSpec, files: StageFiles, check_mode: bool,
                  warn: Callable[[str], None]) -> None:
         m = spec.mlflow
-        assert m is not None
+        if m is None:
+            raise AssertionError("StageTracker needs a stage with mlflow set")
         self.spec = spec
         self.m = m
         self.files = files
@@ -182,7 +183,7 @@ class StageTracker:
         return {"enabled": True, "run_id": self.run_id, "experiment_id": self.experiment_id,
                 "tracking_uri": self.m.tracking_uri,
                 "run_url": "%s/#/experiments/%s/runs/%s" % (self.m.tracking_uri,
-                                                           self.experiment_id, self.run_id)}
+                                                            self.experiment_id, self.run_id)}
 
     @staticmethod
     def _attempt(errors: List[str], what: str, fn: Callable[[], Any]) -> None:

@@ -140,7 +140,7 @@ def cmdline_args(text: Optional[str]) -> List[str]:
 def cpu_vendor(cpuinfo: Optional[str]) -> Optional[str]:
     """``intel`` or ``amd`` from /proc/cpuinfo's vendor_id, None when unknown."""
     for line in (cpuinfo or "").splitlines():
-        key, _, value = line.partition(":")
+        key, _unused, value = line.partition(":")
         if key.strip() == "vendor_id":
             value = value.strip()
             if value == "GenuineIntel":
@@ -154,7 +154,7 @@ def cpu_vendor(cpuinfo: Optional[str]) -> Optional[str]:
 def is_virtual_machine(cpuinfo: Optional[str]) -> bool:
     """True when the CPU flags carry ``hypervisor`` (the kernel runs as a guest)."""
     for line in (cpuinfo or "").splitlines():
-        key, _, value = line.partition(":")
+        key, _unused, value = line.partition(":")
         if key.strip() == "flags":
             return "hypervisor" in value.split()
     return False
@@ -164,7 +164,7 @@ def meminfo_kib(text: Optional[str]) -> Dict[str, int]:
     """/proc/meminfo as {field: kB} (HugePages_* counts are plain numbers)."""
     out: Dict[str, int] = {}
     for line in (text or "").splitlines():
-        key, _, value = line.partition(":")
+        key, _unused, value = line.partition(":")
         fields = value.split()
         if fields and fields[0].isdigit():
             out[key.strip()] = int(fields[0])

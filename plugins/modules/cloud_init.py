@@ -74,7 +74,7 @@ notes:
   - The guest reads the seed at first boot of an instance-id; changing the ISO of a running
     guest has no effect until cloud-init sees a new instance-id.
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''

@@ -357,7 +357,7 @@ seealso:
   - module: mlinfra.kvm.volume
   - module: mlinfra.kvm.network
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -425,8 +425,8 @@ domain:
     memory_mib: {description: Current memory in MiB (persistent definition)., type: int}
     max_memory_mib: {description: Maximum memory in MiB., type: int}
     interfaces: {description: "Interfaces (network, bridge, model, mac)., type: list", type: list, elements: dict}
-    disks: {description: Disks (pool, volume, path, format, bus, target)., type: list, elements: dict}
-    hostdevs: {description: PCI hostdevs (address, managed)., type: list, elements: dict}
+    disks: {description: "Disks (pool, volume, path, format, bus, target).", type: list, elements: dict}
+    hostdevs: {description: "PCI hostdevs (address, managed).", type: list, elements: dict}
     metadata: {description: The mlinfra metadata key/values., type: dict}
     ip_addresses: {description: "IPv4 addresses from DHCP leases (with O(wait_for_ip))., type: list", type: list, elements: dict}
   sample: {name: gpu-worker-1, state: running, vcpus: 8, memory_mib: 32768,

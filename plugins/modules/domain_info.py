@@ -34,7 +34,7 @@ notes:
 seealso:
   - module: mlinfra.kvm.domain
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -74,11 +74,13 @@ domains:
     memory_mib: {description: Current memory in MiB (balloon target when running)., type: int}
     max_memory_mib: {description: Maximum memory in MiB., type: int}
     interfaces:
-      description: Interfaces with C(mac), C(network), C(bridge), C(model) and C(ip_addresses) (each with C(address), C(prefix), C(type), C(source) V(lease) or V(agent)).
+      description: >-
+        Interfaces with C(mac), C(network), C(bridge), C(model) and C(ip_addresses)
+        (each with C(address), C(prefix), C(type), C(source) V(lease) or V(agent)).
       type: list
       elements: dict
     disks: {description: "Disks and cdroms (device, target, bus, format, pool, volume, path).", type: list, elements: dict}
-    hostdevs: {description: PCI hostdevs (address, managed)., type: list, elements: dict}
+    hostdevs: {description: "PCI hostdevs (address, managed).", type: list, elements: dict}
     metadata: {description: The mlinfra metadata key/values., type: dict}
     stats:
       description: "C(cpu_time_ns), C(memory_actual_kib), C(memory_rss_kib), C(block) (target, rd_bytes, wr_bytes); running domains only."

@@ -62,7 +62,7 @@ notes:
 seealso:
   - module: mlinfra.kvm.kernel_cmdline
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''

@@ -81,7 +81,7 @@ seealso:
   - module: mlinfra.kvm.vfio_pci
   - module: mlinfra.kvm.pci_info
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''

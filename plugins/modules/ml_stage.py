@@ -214,7 +214,7 @@ options:
     type: path
   metrics_labels:
     description:
-      - Extra labels on every series of O(metrics_textfile_dir), e.g. C(pipeline: nightly).
+      - "Extra labels on every series of O(metrics_textfile_dir), e.g. C({pipeline: nightly})."
       - Names must match C([a-zA-Z_][a-zA-Z0-9_]*); C(stage), C(mlflow_run_id), C(result) and
         names starting with C(__) are reserved. Values are strings (numbers are converted).
     type: dict

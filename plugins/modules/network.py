@@ -121,7 +121,7 @@ notes:
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -153,7 +153,7 @@ network:
   type: dict
   contains:
     name: {description: Name., type: str}
-    state: {description: V(active), V(inactive) or V(absent)., type: str}
+    state: {description: "V(active), V(inactive) or V(absent).", type: str}
     autostart: {description: Autostart flag., type: bool}
     mode: {description: Forward mode., type: str}
     bridge: {description: Bridge device., type: str}

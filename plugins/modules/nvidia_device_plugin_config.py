@@ -151,6 +151,8 @@ options:
   mig_parted_dest:
     description: Write the mig-parted config here (atomically, mode 0644); needs I(mig_configs).
     type: path
+requirements:
+  - PyYAML (on the managed host)
 notes:
   - Supports check mode (nothing is written) and diff mode (the files before and after).
   - Kubernetes does not run on these machines; the output is configuration only. Apply it with
@@ -158,7 +160,7 @@ notes:
 seealso:
   - module: mlinfra.kvm.nvidia_mig
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -244,10 +246,10 @@ advertised:
 import os  # noqa: E402
 from typing import Any, Dict, Optional  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._device_plugin import (  # noqa: E402
-    CONFIG_NAME, advertised, helm_values, mig_parted_config, plugin_config, profiles_from_option, to_yaml)
+    CONFIG_NAME, HAS_YAML, YAML_IMPORT_ERROR, advertised, helm_values, mig_parted_config, plugin_config, profiles_from_option, to_yaml)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._mig import INSTANCE_SPEC  # noqa: E402
@@ -267,7 +269,7 @@ SECTION_SPEC: Dict[str, Any] = dict(
 ARGUMENT_SPEC: Dict[str, Any] = dict(
     mig_strategy=dict(type="str", default="none", choices=["none", "single", "mixed"]),
     sharing=dict(type="dict", options=dict(time_slicing=dict(type="dict", options=SECTION_SPEC),
-                                            mps=dict(type="dict", options=SECTION_SPEC))),
+                                           mps=dict(type="dict", options=SECTION_SPEC))),
     flags=dict(type="dict", default={}),
     mig_configs=dict(type="list", elements="dict", options=dict(
         name=dict(type="str", required=True),
@@ -349,6 +351,8 @@ class DevicePluginConfigRunner:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if not HAS_YAML:
+        module.fail_json(msg=missing_required_lib("PyYAML"), exception=YAML_IMPORT_ERROR)
     run(module, lambda: DevicePluginConfigRunner(module).run())
 
 

@@ -87,7 +87,7 @@ seealso:
   - module: mlinfra.kvm.nvidia_device_plugin_config
   - module: mlinfra.kvm.nvidia_smi_info
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -316,7 +316,7 @@ class MigRunner:
         self.apply(gpu, plan)
         if self.check:
             return self.result(gpu, profiles, existing, devices, plan)
-        existing, devices, _ = self.read_geometry(gpu)
+        existing, devices, _unused = self.read_geometry(gpu)
         self.verify(wanted, existing)
         return self.result(gpu, profiles, existing, devices)
 
@@ -337,7 +337,7 @@ class MigRunner:
         after = self.service.gpu(gpu.index)
         if after.mig_current != "disabled":
             if after.mig_pending == "disabled":
-                existing, devices, _ = self.read_geometry(after)
+                existing, devices, _unused = self.read_geometry(after)
                 return self.pending(after, [], "disabled", existing, devices)
             raise KvmError("%s: `nvidia-smi -mig 0` left MIG mode %s: %s"
                            % (self.label, after.mig_current, self.mode_message[-800:] or "no output"))
@@ -417,7 +417,7 @@ def instance_views(plan: Optional[Plan], existing: Sequence[GpuInstance],
         views.append((start, {"gpu_instance_id": None, "profile": profile.name, "profile_id": profile.id,
                               "placement": {"start": start, "size": profile.size}, "compute_instance_id": None,
                               "mig_device_index": None, "uuid": None}))
-    return [view for _, view in sorted(views, key=lambda pair: pair[0])]
+    return [view for _unused, view in sorted(views, key=lambda pair: pair[0])]
 
 
 def main() -> None:

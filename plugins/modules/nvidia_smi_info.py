@@ -13,7 +13,7 @@ description:
     GPU, its name, memory, driver and CUDA versions, MIG mode and virtualization mode
     (for example C(Pass-Through) inside a VM that was given the GPU by PCI passthrough).
   - When nvidia-smi is missing, or runs but finds no GPU or no loaded driver, the module
-    does not fail. It returns O(gpus=[]) and the message C(no GPU visible), unless
+    does not fail. It returns RV(gpus=[]) and the message C(no GPU visible), unless
     O(require_gpu=true).
   - Never changes anything; runs the same in check mode.
 options:
@@ -33,7 +33,7 @@ options:
 requirements:
   - lxml on the managed host is used when present; the standard library parser otherwise.
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -63,7 +63,7 @@ gpus:
       mig_enabled: false
       virtualization_mode: Pass-Through
 gpu_count:
-  description: Number of GPUs in O(gpus).
+  description: Number of GPUs in RV(gpus).
   returned: always
   type: int
 gpu_visible:

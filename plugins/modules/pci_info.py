@@ -34,10 +34,10 @@ options:
     default: false
   check_usage:
     description:
-      - Also report, per GPU, whether the host uses it, as M(mlinfra.kvm.vfio_pci) judges before
+      - "Also report, per GPU, whether the host uses it, as M(mlinfra.kvm.vfio_pci) judges before
         it takes a device: an open device node, a network interface anywhere in the function's
         sysfs subtree that is up or carries a route, a block device there (at any depth, and
-        through LVM/device-mapper/md holders) that is mounted or swapped on. Scans C(/proc/*/fd).
+        through LVM/device-mapper/md holders) that is mounted or swapped on. Scans C(/proc/*/fd)."
     type: bool
     default: true
 notes:
@@ -45,7 +45,7 @@ notes:
   - Inside a VM without a virtual IOMMU there are no IOMMU groups; the module says so, with
     the reason, instead of failing.
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -120,7 +120,7 @@ iommu:
     units: {description: "IOMMU units under /sys/class/iommu (dmar0, ivhd0...).", type: list}
     cmdline_flags: {description: "intel_iommu=, amd_iommu=, iommu= arguments of the running kernel.", type: list}
     passthrough_mode: {description: iommu=pt is set., type: bool}
-    cpu_vendor: {description: intel, amd or null., type: str}
+    cpu_vendor: {description: "intel, amd or null.", type: str}
     virtual_machine: {description: The CPU flags say this kernel runs in a VM., type: bool}
     required_argument: {description: The kernel argument that enables the IOMMU on this CPU., type: str}
     reason: {description: Why the IOMMU is off (null when enabled)., type: str}

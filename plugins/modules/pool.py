@@ -112,7 +112,7 @@ notes:
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -138,7 +138,7 @@ pool:
     name: {description: Pool name., type: str}
     type: {description: Pool type., type: str}
     target: {description: Target path., type: str}
-    state: {description: V(active), V(inactive) or V(absent)., type: str}
+    state: {description: "V(active), V(inactive) or V(absent).", type: str}
     autostart: {description: Whether the pool autostarts., type: bool}
     uuid: {description: libvirt UUID., type: str}
     capacity: {description: Bytes., type: int}

@@ -132,7 +132,7 @@ seealso:
   - module: mlinfra.kvm.pci_info
   - module: mlinfra.kvm.kernel_cmdline
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -330,7 +330,7 @@ class VfioRunner:
             raise ConflictError("the IOMMU is off: %s; or set bind_now: false to write only the boot configuration now"
                                 % cause, required_argument=iommu["required_argument"], reboot_required=True)
         self.module.warn("IOMMU groups are unknown while the IOMMU is off: the whole-group check was skipped; "
-                             "run this task again with bind_now: true after the reboot")
+                         "run this task again with bind_now: true after the reboot")
 
     def check_groups(self, addresses: List[str], devices: Dict[str, Dict[str, Any]]) -> None:
         for address in addresses:
@@ -412,7 +412,7 @@ class VfioRunner:
                 persist.render_dracut() if keep else None)
         elif keep:
             self.module.warn("no initramfs tool found under %s (initramfs-tools or dracut): vfio-pci is "
-                                 "not added to the initramfs" % self.service.roots.etc_root)
+                             "not added to the initramfs" % self.service.roots.etc_root)
         return files
 
     def present_entries(self, addresses: List[str], devices: Dict[str, Dict[str, Any]]
@@ -438,7 +438,7 @@ class VfioRunner:
         """state=absent: the devices the file keeps once the request's devices are taken out."""
         entries = {a: e for a, e in persist.parse_devices(read_file(self.modprobe_path())).items()
                    if a not in addresses}
-        softdeps = {m for _, m in entries.values() if m} | set(self.params["softdep_modules"])
+        softdeps = {m for _unused, m in entries.values() if m} | set(self.params["softdep_modules"])
         for address in entries:
             if address in devices:
                 softdeps.update(persist.default_softdeps(devices[address]["vendor_id"], devices[address]["class"]))
@@ -562,7 +562,7 @@ class VfioRunner:
                 drivers[address] = self.service.release(address, timeout)
                 if drivers[address] == VFIO:
                     self.module.warn("%s went back to vfio-pci: vfio-pci still has its id from the boot "
-                                         "configuration; it is free after the next reboot" % address)
+                                     "configuration; it is free after the next reboot" % address)
         return drivers
 
     def initramfs_command(self) -> List[str]:

@@ -94,7 +94,7 @@ notes:
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
 author:
-  - mlinfra.kvm contributors
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''
@@ -248,7 +248,7 @@ class VolumeService:
             return {"name": self.module.params["name"], "pool": pool_name, "state": "absent"}
         xml = call("reading volume XML", vol.XMLDesc, 0)
         root = X.parse(xml)
-        _, capacity, allocation = call("reading volume info", vol.info)
+        _unused, capacity, allocation = call("reading volume info", vol.info)
         return {"name": vol.name(), "pool": pool_name, "state": "present", "path": vol.path(),
                 "format": X.attr(root, "target/format", "type"), "capacity": capacity,
                 "allocation": allocation, "backing": X.text(root, "backingStore/path"),
@@ -310,7 +310,7 @@ class VolumeService:
 
     def verify(self, vol: Any, capacity: int, what: str) -> None:
         """libvirt re-reads the volume for info(): its capacity must be what was uploaded."""
-        _, held, _ = call("reading volume info", vol.info)
+        _unused, held, _unused = call("reading volume info", vol.info)
         if held != capacity:
             raise KvmError("volume %s holds %d bytes of virtual size after %s, %d were expected; the copy is "
                            "discarded. Check the image (qemu-img check) and run again." % (vol.name(), held, what, capacity))

@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # The pipeline's train stage (roles/pipeline/files/train.py) on one real H200 (the device tool's
 # machine: python3 with torch and numpy, no mlflow, no network): a reference dataset of
 # 4,000,000 x 64 float32 training rows, trained 30 full-batch epochs at precision auto, once by

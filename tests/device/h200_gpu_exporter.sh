@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # The GPU exporter on a real H200 (the device tool's machine), idle and under a bf16 matmul
 # load: NVML and nvidia-smi sources, --once and the HTTP endpoint. Read-only towards the GPU's
 # settings (no MIG, clock or power changes). Its outputs become fixtures of
@@ -43,7 +43,7 @@ for _ in $(seq 50); do curl -fsS -o "$OUT/load-http.prom" http://127.0.0.1:9400/
 log "http scrape: $(grep -c '^DCGM' "$OUT/load-http.prom" 2>/dev/null) DCGM samples"
 /usr/bin/time -v -o "$OUT/scrape-cost.txt" python3 "$EXPORTER" --once --source nvml >/dev/null 2>&1
 kill "$HTTP" 2>/dev/null
-wait "$LOAD"; log "load: $(cat "$OUT/load.log" | tail -1)"
+wait "$LOAD"; log "load: $(tail -1 "$OUT/load.log")"
 nvidia-smi mig -lgip >"$OUT/mig-lgip.txt" 2>&1; log "mig -lgip rc=$? (read-only listing)"
 for f in idle-nvml load-nvml load-nvidia-smi load-http; do
   log "$f: $(grep -E '^DCGM_FI_DEV_(GPU_UTIL|FB_USED|POWER_USAGE|GPU_TEMP)\{' "$OUT/$f.prom" | sed 's/{.*}//' | tr '\n' ' ')"

@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # CUDA MPS on one real H200 (the device tool's machine: root, python3 with torch, gVisor sandbox):
 # bf16 matmul throughput (N^3, default 8192^3) of one process alone, of two processes sharing the
 # GPU by time-slicing (no MPS), and of two processes attached to an MPS control daemon started

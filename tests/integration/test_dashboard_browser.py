@@ -50,6 +50,11 @@ SCRAPE_SECONDS = 2
 LOCAL = "127.0.0.1"
 
 
+def _two_or_none(found: List[Any]) -> Optional[List[Any]]:
+    """The elements found when there are exactly two, else None (wait_for polls again)."""
+    return found if len(found) == 2 else None
+
+
 def _missing_prerequisites() -> List[str]:
     missing = ["%s (%s)" % (path, name) for name, path in BINARIES.items() if not os.access(path, os.X_OK)]
     missing += ["%s (run scripts/build-dashboard-vendor.sh)" % (DASHBOARD / "vendor" / f)
@@ -327,7 +332,9 @@ def browser(tmp_path: Path):
 def test_dashboard_shows_hosts_vms_charts_and_stages(prometheus: Prometheus, browser) -> None:
     driver = browser
     driver.get(prometheus.url + "/user/index.html")
-    page_state = lambda: driver.find_element(By.TAG_NAME, "body").text[:3000]  # noqa: E731
+
+    def page_state():
+        return driver.find_element(By.TAG_NAME, "body").text[:3000]
 
     host = wait_for("hypervisor hv1 on the page",
                     lambda: driver.find_element(By.CSS_SELECTOR, '.host-card[data-host="hv1"]'),
@@ -352,8 +359,7 @@ def test_dashboard_shows_hosts_vms_charts_and_stages(prometheus: Prometheus, bro
              and 40 <= float(cpu_values.text.split()[0]) <= 60,
              timeout=60, interval=1, diagnostics=lambda: "CPU shows %r" % cpu_values.text)
 
-    rows = wait_for("both pipeline stages in the table", lambda: (
-        lambda found: found if len(found) == 2 else None)(
+    rows = wait_for("both pipeline stages in the table", lambda: _two_or_none(
         driver.find_elements(By.CSS_SELECTOR, "table.stages tbody tr")), diagnostics=page_state)
     by_stage = {row.get_attribute("data-stage"): row for row in rows}
     assert set(by_stage) == {"train", "evaluate"}, by_stage.keys()
@@ -417,9 +423,11 @@ def test_dashboard_shows_gpus_alerts_and_unmanaged_vms(start_prometheus, gpu_wor
     prom = start_prometheus([(gpu_worker, {"host": "gpu-worker-1", "role": "gpu_worker"})], ALERT_RULES)
     driver = browser
     driver.get(prom.url + "/user/index.html")
-    page_state = lambda: driver.find_element(By.TAG_NAME, "body").text[:3000]  # noqa: E731
 
-    cards = wait_for("two GPU cards", lambda: (lambda found: found if len(found) == 2 else None)(
+    def page_state():
+        return driver.find_element(By.TAG_NAME, "body").text[:3000]
+
+    cards = wait_for("two GPU cards", lambda: _two_or_none(
         driver.find_elements(By.CSS_SELECTOR, ".gpu-card")), diagnostics=page_state)
     titles = [card.find_element(By.CSS_SELECTOR, ".card-title").text for card in cards]
     assert titles == ["GPU 0", "GPU 1 · MIG 3g.40gb #3"], titles
@@ -429,7 +437,7 @@ def test_dashboard_shows_gpus_alerts_and_unmanaged_vms(start_prometheus, gpu_wor
     assert driver.execute_script("return window.__xss === undefined && !document.querySelector('main img')")
     assert "80.0 GiB memory" in cards[0].text      # FB_USED + FB_FREE, MiB
 
-    alerts = wait_for("the two firing alerts", lambda: (lambda found: found if len(found) == 2 else None)(
+    alerts = wait_for("the two firing alerts", lambda: _two_or_none(
         driver.find_elements(By.CSS_SELECTOR, "#sec-alerts .alert-row")), diagnostics=page_state)
     assert [a.find_element(By.CSS_SELECTOR, ".alert-name").text for a in alerts] == ["GpuXidError", "StageFailed"]
     assert "reported XID 79" in alerts[0].text

@@ -198,7 +198,7 @@ def test_sighup_of_ml_stage_stops_the_command_and_ends_its_mlflow_run_killed(
     run_id = project.runs()[-1].split()[1]
 
     module.send_signal(signal.SIGHUP)   # what sshd sends when the controller's connection drops
-    out, _ = module.communicate(timeout=120)
+    out, _unused = module.communicate(timeout=120)
     result = json.loads(out[out.index(b"{"):])
     assert result["failed"] is True and result["changed"] is True, result
     assert "interrupted by SIGHUP" in result["msg"] and result["interrupted_by"] == "SIGHUP", result

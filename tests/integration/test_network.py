@@ -19,8 +19,8 @@ def free_subnet(*taken):
         used = "".join(n.XMLDesc(0) for n in conn.listAllNetworks())
     finally:
         conn.close()
-    used += subprocess.run(["ip", "-4", "addr", "show"], capture_output=True, text=True).stdout
-    for _ in range(100):
+    used += subprocess.run(["ip", "-4", "addr", "show"], capture_output=True, text=True, check=False).stdout
+    for _unused in range(100):
         third = random.randint(1, 254)
         candidate = "10.213.%d" % third
         if candidate + "." not in used and candidate not in taken:

@@ -211,7 +211,7 @@ def test_purge_refused_while_a_domain_uses_a_volume(pool_args, pool_with_disks, 
 
 
 def test_purge_refused_for_the_backing_image_of_a_used_overlay(pool_args, pool_with_disks, run_module, tmp_path,
-                                                                libvirt_cleanup):
+                                                               libvirt_cleanup):
     other = {"name": libvirt_cleanup + "vms", "target": str(tmp_path / "vms")}
     run_module("pool", other)
     overlay = run_module("volume", {"name": "vm.qcow2", "pool": other["name"],

@@ -249,7 +249,7 @@ def short_read_file():
 def pattern_image(path, size):
     block = (b"MLINFRA-IMPORT-" * 70000)[:1024 * 1024]
     with open(path, "wb") as handle:
-        for _ in range(size // len(block)):
+        for _unused in range(size // len(block)):
             handle.write(block)
     return block
 

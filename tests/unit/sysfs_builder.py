@@ -216,9 +216,12 @@ class SysfsTree:
         net = self.proc / "net"
         net.mkdir(exist_ok=True)
         rows = ["Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT"]
+
+        def native(packed):  # the kernel prints a u32 in host byte order
+            return "%08X" % struct.unpack("=I", packed)[0]
+
         for iface, dest, prefix in v4:
             mask = (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF if prefix else 0
-            native = lambda packed: "%08X" % struct.unpack("=I", packed)[0]  # noqa: E731 - the kernel prints a u32
             rows.append("%s\t%s\t00000000\t0001\t0\t0\t0\t%s\t0\t0\t0"
                         % (iface, native(socket.inet_aton(dest)), native(struct.pack(">I", mask))))
         (net / "route").write_text("\n".join(rows) + "\n")

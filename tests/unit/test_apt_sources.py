@@ -36,7 +36,7 @@ def apt_dir(tmp_path):
 
 
 def test_files_come_in_apts_order(apt_dir):
-    assert [p.rsplit("/", 1)[-1] for p, _ in _apt_sources.files_in(str(apt_dir))] == ["sources.list", "a.sources", "b.list"]
+    assert [p.rsplit("/", 1)[-1] for p, _unused in _apt_sources.files_in(str(apt_dir))] == ["sources.list", "a.sources", "b.list"]
 
 
 @pytest.mark.parametrize("suite,uri", [

@@ -43,7 +43,7 @@ def iso_header(path: Path) -> Dict[str, str]:
     fields = {}
     for line in out.stdout.splitlines():
         if ":" in line:
-            key, _, value = line.partition(":")
+            key, _unused, value = line.partition(":")
             fields[key.strip()] = value.strip()
     return fields
 

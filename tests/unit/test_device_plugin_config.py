@@ -59,8 +59,8 @@ def test_time_slicing_config_is_the_plugins_format():
 
 
 def test_mps_defaults_to_failing_requests_greater_than_one():
-    config, _ = render(sharing={"mps": ts({"replicas": 8}), "time_slicing": None},
-                       flags={"failOnInitError": True, "plugin": {"deviceListStrategy": ["envvar", "cdi-annotations"]}})
+    config, _unused = render(sharing={"mps": ts({"replicas": 8}), "time_slicing": None},
+                             flags={"failOnInitError": True, "plugin": {"deviceListStrategy": ["envvar", "cdi-annotations"]}})
     assert config["sharing"] == {"mps": {"renameByDefault": False, "failRequestsGreaterThanOne": True,
                                          "resources": [{"name": "nvidia.com/gpu", "devices": "all", "replicas": 8}]}}
     assert config["flags"] == {"migStrategy": "none", "failOnInitError": True,
@@ -94,7 +94,7 @@ def test_single_strategy_with_one_profile_everywhere():
 
 
 def test_helm_values_install_the_config():
-    config, _ = render(sharing={"time_slicing": ts({"replicas": 2})})
+    config, _unused = render(sharing={"time_slicing": ts({"replicas": 2})})
     text = D.to_yaml(config)
     values_yaml = D.to_yaml(D.helm_values("mlinfra", text))
     values = yaml.safe_load(values_yaml)

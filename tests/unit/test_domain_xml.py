@@ -212,7 +212,7 @@ class FakeService:
         return name in self.networks
 
     def pool_exists(self, name: str) -> bool:
-        return any(p == name for p, _ in self.volumes)
+        return any(p == name for p, _unused in self.volumes)
 
     def volume_format(self, pool: str, volume: str) -> Optional[str]:
         return self.volumes.get((pool, volume))

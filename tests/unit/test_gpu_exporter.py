@@ -93,8 +93,10 @@ MIG_LISTING = ("GPU 0: NVIDIA H200 (UUID: %s)\n"
                "  MIG 3g.71gb      Device  1: (UUID: MIG-7d9e1f20-3a4b-5c6d-8e9f-0a1b2c3d4e5f)\n" % UUID)
 
 
-def mig_capture(capture: str, devices: List[str] = MIG_DEVICES) -> str:
-    """The capture as nvidia-smi prints it with MIG on: instances listed, utilisation N/A."""
+def mig_capture(capture: str, devices: Optional[List[str]] = None) -> str:
+    """The capture as nvidia-smi prints it with MIG on: instances listed (MIG_DEVICES unless given), utilisation N/A."""
+    if devices is None:
+        devices = MIG_DEVICES
     xml = replace_once(capture, "<current_mig>Disabled</current_mig>", "<current_mig>Enabled</current_mig>")
     xml = replace_once(xml, "<pending_mig>Disabled</pending_mig>", "<pending_mig>Enabled</pending_mig>")
     xml, hits = re.subn(r"<mig_devices>\s*None\s*</mig_devices>",
@@ -138,7 +140,7 @@ def calls(tmp_path: Path) -> List[str]:
 
 def run_exporter(*args: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(EXPORTER), *args], capture_output=True, text=True,
-                          timeout=60, env=env, stdin=subprocess.DEVNULL)
+                          timeout=60, env=env, stdin=subprocess.DEVNULL, check=False)
 
 
 def run_once(*args: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
@@ -404,7 +406,7 @@ def test_once_mig_instances_carry_gpu_i_labels(tmp_path, capture):
     assert "DCGM_FI_DEV_GPU_UTIL" not in families and "DCGM_FI_DEV_MEM_COPY_UTIL" not in families
     for name, family in families.items():
         if name.startswith("DCGM_"):
-            for labels, _ in family.samples:  # the whole GPU is monitored through its instances
+            for labels, _unused in family.samples:  # the whole GPU is monitored through its instances
                 assert labels["UUID"] == UUID and labels["gpu"] == "0" and labels["device"] == "nvidia0"
                 assert "GPU_I_ID" in labels and "GPU_I_PROFILE" in labels, (name, labels)
     line = next(l for l in result.stdout.splitlines()
@@ -418,7 +420,7 @@ def test_once_mig_without_listing_warns_once(tmp_path, capture):
     smi = fake_nvidia_smi(tmp_path, mig_capture(capture), listing=None)  # -L exits 1
     result = run_once("--source", "nvidia-smi", "--nvidia-smi", str(smi))
     assert result.returncode == 0, result.stderr
-    profiles = {labels["GPU_I_PROFILE"] for labels, _ in parse_exposition(result.stdout)["DCGM_FI_DEV_FB_USED"].samples}
+    profiles = {labels["GPU_I_PROFILE"] for labels, _unused in parse_exposition(result.stdout)["DCGM_FI_DEV_FB_USED"].samples}
     assert profiles == {"unknown"}
     assert result.stderr.count("MIG profile names unknown") == 1
 
@@ -429,7 +431,7 @@ def test_model_name_with_quote_backslash_newline_is_escaped(tmp_path, capture, g
     result = run_once("--source", "nvidia-smi", "--nvidia-smi", str(fake_nvidia_smi(tmp_path, xml)))
     assert result.returncode == 0, result.stderr
     assert 'modelName="NVIDIA \\"H200\\" \\\\ test\\nline"' in result.stdout
-    labels, _ = only_value(parse_exposition(result.stdout), "DCGM_FI_DEV_GPU_TEMP")
+    labels, _unused = only_value(parse_exposition(result.stdout), "DCGM_FI_DEV_GPU_TEMP")
     assert labels["modelName"] == 'NVIDIA "H200" \\ test\nline'
     # The renderer itself, without nvidia-smi around it.
     gpu = gx.GpuRecord(index=3, uuid="GPU-x", name='a"b', pci_bus_id=BUS_ID, gpu_temp=50)
@@ -525,7 +527,7 @@ def test_http_server_scraped_twice(tmp_path, capture):
             assert only_value(families, "DCGM_FI_DEV_FB_FREE") == (DCGM_LABELS, 143156)
             assert only_value(families, "mlinfra_gpu_exporter_up") == ({"source": "nvidia-smi"}, 1)
         assert calls(tmp_path) == ["-q -x", "-q -x"]  # --min-interval 0: each scrape reads
-        status, _, body = fetch(server.url + "/nowhere")
+        status, _unused, body = fetch(server.url + "/nowhere")
         assert status == 404 and "/metrics" in body
         status, ctype, body = fetch(server.url + "/")
         assert status == 200 and 'href="/metrics"' in body
@@ -769,7 +771,7 @@ def test_nvml_and_nvidia_smi_give_the_same_mig_records(gx, capture, fake_nvml):
 def test_nvml_lost_gpu_is_a_failed_read(gx, fake_nvml, caplog):
     fake_nvml.STATE["lost"] = True
     collector = gx.Collector(gx.NvmlSource(fake_nvml), HOST, min_interval=0)
-    for _ in range(2):
+    for _unused in range(2):
         families = parse_exposition(collector.exposition())
         assert only_value(families, "mlinfra_gpu_exporter_up") == ({"source": "nvml"}, 0)
     assert [r.getMessage() for r in caplog.records] == ["reading GPUs failed: NVML: GPU is lost"]
@@ -845,7 +847,7 @@ def test_collector_logs_each_problem_once_and_again_after_recovery(gx, caplog):
     broken, other = gx.ReadError("nvidia-smi exited 1: boom"), gx.ReadError("nvidia-smi exited 2: bang")
     source = StubSource(gx, [broken, broken, other, gx.Reading((gpu,)), broken, ValueError("odd")])
     collector = gx.Collector(source, HOST, min_interval=0)
-    ups = [collector.snapshot().up for _ in range(6)]
+    ups = [collector.snapshot().up for _unused in range(6)]
     assert ups == [False, False, False, True, False, False]
     messages = [r.getMessage().splitlines()[0] for r in caplog.records]
     assert messages == ["reading GPUs failed: nvidia-smi exited 1: boom",

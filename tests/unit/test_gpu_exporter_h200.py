@@ -15,7 +15,8 @@ from typing import Dict, Tuple
 
 import pytest
 
-from test_gpu_exporter import gx  # noqa: F401  (the exporter imported in-process, one loader for both)
+# The gx fixture: the exporter imported in-process, one loader for both test files.
+from test_gpu_exporter import gx  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.unit
 

@@ -31,7 +31,7 @@ def debian(tmp_path: Path) -> SysfsTree:
 
 
 def args_for(tree: SysfsTree, **extra: Any) -> Dict[str, Any]:
-    script, _ = tree.fake_command("update-grub")
+    script, _unused = tree.fake_command("update-grub")
     args: Dict[str, Any] = {"etc_root": str(tree.etc), "proc_root": str(tree.proc),
                             "update_grub_command": [str(script)]}
     args.update(extra)
@@ -136,7 +136,7 @@ def test_unknown_os_asks_for_backend(debian: SysfsTree) -> None:
 
 
 def test_update_grub_failure_reported(debian: SysfsTree) -> None:
-    broken, _ = debian.fake_command("update-grub-broken", rc=1)
+    broken, _unused = debian.fake_command("update-grub-broken", rc=1)
     result = run_module_process("kernel_cmdline", args_for(debian, args=["iommu=pt"],
                                                            update_grub_command=[str(broken)]))
     assert result["failed"] and "rc=1" in result["msg"]

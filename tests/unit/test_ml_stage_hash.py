@@ -168,7 +168,7 @@ def test_many_files_hashed_in_threads(tmp_path: Path) -> None:
 
 # -- lock files -------------------------------------------------------------------------------
 def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "x.lock.json"
     L.write_json_atomic(str(target), {"v": 1})
 

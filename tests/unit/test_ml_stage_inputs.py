@@ -10,7 +10,6 @@ import hashlib
 import os
 import socket
 import stat
-import sys
 from pathlib import Path
 from typing import Any, Dict
 

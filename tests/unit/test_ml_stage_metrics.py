@@ -72,7 +72,7 @@ def parse(text: str) -> Tuple[Series, Dict[str, Tuple[str, str]]]:
     family = None
     for line in text.splitlines():
         if line.startswith("# HELP "):
-            name, _, help_text = line[len("# HELP "):].partition(" ")
+            name, _unused, help_text = line[len("# HELP "):].partition(" ")
             assert re.match("^%s$" % _NAME, name) and help_text and name not in helps, line
             helps[name] = help_text
         elif line.startswith("# TYPE "):
@@ -110,7 +110,7 @@ def value(series: Series, name: str, **labels: str) -> float:
 
 
 def names(series: Series) -> set:
-    return {name for name, _ in series}
+    return {name for name, _unused in series}
 
 
 @pytest.fixture
@@ -166,11 +166,11 @@ def test_success_run_writes_every_series(proj: Path, prom: Path) -> None:
 def test_up_to_date_run_counts_a_skip_and_is_not_changed(proj: Path, prom: Path) -> None:
     ok(margs(proj, prom))
     path = prom / "mlinfra_stage_prep.prom"
-    first, _ = read_prom(path)
+    first, _unused = read_prom(path)
     for n in (1, 2):
         res = ok(margs(proj, prom))
         assert res["changed"] is False and res["ran"] is False and res["metrics_textfile"] == str(path)
-        series, _ = read_prom(path)
+        series, _unused = read_prom(path)
         assert value(series, "skipped_total", **BASE) == n
         assert value(series, "runs_total", result="success", **BASE) == 1
         for name in ("last_run_timestamp_seconds", "last_run_duration_seconds", "last_run_success"):
@@ -180,7 +180,7 @@ def test_up_to_date_run_counts_a_skip_and_is_not_changed(proj: Path, prom: Path)
     # frozen although due: a skip, never a success
     res = ok(margs(proj, prom, frozen=True, params={"lr": 9}))
     assert res["changed"] is False and res["would_run"] is True
-    series, _ = read_prom(path)
+    series, _unused = read_prom(path)
     assert value(series, "skipped_total", **BASE) == 3
     assert value(series, "runs_total", result="success", **BASE) == 1
     assert runs(proj) == 1
@@ -189,13 +189,13 @@ def test_up_to_date_run_counts_a_skip_and_is_not_changed(proj: Path, prom: Path)
 def test_failure_writes_success_0_and_keeps_the_last_success(proj: Path, prom: Path) -> None:
     ok(margs(proj, prom))
     path = prom / "mlinfra_stage_prep.prom"
-    before, _ = read_prom(path)
+    before, _unused = read_prom(path)
     last_success = value(before, "last_success_timestamp_seconds", **BASE)
     time.sleep(0.05)
     res = ml(margs(proj, prom, params={"lr": 0.5}, secret_env={"FAIL": "yes-fail"}))
     assert res["failed"] and res["rc"] == 3 and "previous lock is kept" in res["msg"]
     assert res["metrics_textfile"] == str(path)
-    series, _ = read_prom(path)
+    series, _unused = read_prom(path)
     assert value(series, "last_run_success", **run_labels()) == 0
     assert value(series, "runs_total", result="failure", **BASE) == 1
     assert value(series, "runs_total", result="success", **BASE) == 1
@@ -204,14 +204,14 @@ def test_failure_writes_success_0_and_keeps_the_last_success(proj: Path, prom: P
     # a timeout is a failure too
     res = ml(margs(proj, prom, env={"SLEEP": "30"}, timeout=1))
     assert res["failed"] and "timed out" in res["msg"]
-    series, _ = read_prom(path)
+    series, _unused = read_prom(path)
     assert value(series, "runs_total", result="failure", **BASE) == 2
     assert value(series, "last_run_duration_seconds", **run_labels()) >= 1
     assert value(series, "last_success_timestamp_seconds", **BASE) == last_success
     # and the next success moves it
     res = ok(margs(proj, prom, force=True))
     assert res["ran"] is True
-    series, _ = read_prom(path)
+    series, _unused = read_prom(path)
     assert value(series, "last_run_success", **run_labels()) == 1
     assert value(series, "last_success_timestamp_seconds", **BASE) > last_success
 
@@ -219,7 +219,7 @@ def test_failure_writes_success_0_and_keeps_the_last_success(proj: Path, prom: P
 def test_first_run_failing_has_no_last_success(proj: Path, prom: Path) -> None:
     res = ml(margs(proj, prom, secret_env={"FAIL": "yes-fail"}))
     assert res["failed"]
-    series, _ = read_prom(prom / "mlinfra_stage_prep.prom")
+    series, _unused = read_prom(prom / "mlinfra_stage_prep.prom")
     assert P + "last_success_timestamp_seconds" not in names(series)
     assert value(series, "last_run_success", **run_labels()) == 0
 
@@ -233,7 +233,7 @@ def test_label_values_are_escaped_and_stage_name_sanitised(proj: Path, prom: Pat
     assert res["metrics_textfile"] == str(path)
     text = path.read_text()
     assert 'pipeline="a \\"quoted\\" \\\\ back\\nslash"' in text
-    series, _ = read_prom(path)
+    series, _unused = read_prom(path)
     labels = {"stage": "prep.v2-x", "pipeline": nasty, "team": "7"}
     assert value(series, "runs_total", result="success", **labels) == 1
 
@@ -273,7 +273,7 @@ def test_missing_directory_warns_and_the_run_goes_on(proj: Path, tmp_path: Path)
     missing.mkdir()
     res = ok(args(proj, metrics_textfile_dir=str(missing)))
     assert res["changed"] is False and not warnings(res)
-    series, _ = read_prom(missing / "mlinfra_stage_prep.prom")
+    series, _unused = read_prom(missing / "mlinfra_stage_prep.prom")
     assert value(series, "runs_total", result="success", stage="prep") == 1
     assert value(series, "skipped_total", stage="prep") == 1
 
@@ -299,7 +299,7 @@ def test_corrupt_statistics_start_afresh_from_the_lock(proj: Path, prom: Path) -
     res = ok(margs(proj, prom))
     assert res["changed"] is False
     assert any("prep.runstats.json are unreadable" in w and "afresh" in w for w in warnings(res)), res
-    series, _ = read_prom(prom / "mlinfra_stage_prep.prom")
+    series, _unused = read_prom(prom / "mlinfra_stage_prep.prom")
     assert value(series, "skipped_total", **BASE) == 1
     assert value(series, "runs_total", result="success", **BASE) == 0
     # the lock's record of the last success seeds the gauges (second resolution)
@@ -371,12 +371,12 @@ def test_run_series_carry_the_mlflow_run_id(proj: Path, prom: Path, fake_mlflow:
     res = ok(margs(proj, prom, mlflow={"tracking_uri": fake_mlflow, "timeout": 5}))
     assert res["mlflow_run_id"] == "f00dcafe", res
     path = prom / "mlinfra_stage_prep.prom"
-    series, _ = read_prom(path)
+    series, _unused = read_prom(path)
     for name in RUN_SERIES:
         assert [dict(k) for n, k in series if n == name] == [run_labels("f00dcafe")]
     res = ok(margs(proj, prom, mlflow={"tracking_uri": fake_mlflow, "timeout": 5}))
     assert res["changed"] is False
-    series, _ = read_prom(path)  # a skip keeps the run that made the outputs
+    series, _unused = read_prom(path)  # a skip keeps the run that made the outputs
     assert value(series, "last_run_success", **run_labels("f00dcafe")) == 1
 
 
@@ -388,7 +388,7 @@ def test_formatting_helpers() -> None:
         == ["1", "0", "3", "1.5", "NaN", "+Inf", "-Inf", "1e+20"]
     assert SM.validate_labels({"ok_1": 2, "b": True}) == {"ok_1": "2", "b": "true"}
     text = SM.render("s", {"z": "1", "a": "2"}, {"skipped_total": 0, "runs_total": {}, "last_run": None,
-                                               "last_success_timestamp": None})
+                                                 "last_success_timestamp": None})
     series, meta = parse(text)
     assert set(meta) == {P + "skipped_total", P + "runs_total"}  # nothing about a run that never was
     assert text.splitlines()[2] == 'mlinfra_stage_skipped_total{stage="s",a="2",z="1"} 0'

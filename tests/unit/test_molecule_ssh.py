@@ -7,8 +7,6 @@ running scenario's ssh argv; each scenario now turns host key checking back on.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 

@@ -71,7 +71,7 @@ def alert_names() -> List[str]:
 def template_environment() -> tuple:
     """(jinja2 Environment, template source without its header), as Ansible builds them."""
     text = TEMPLATE.read_text()
-    header, _, body = text.partition("\n")
+    header, _unused, body = text.partition("\n")
     assert header.startswith("#jinja2:"), "the template must start with a #jinja2: header line"
     overrides = {}
     for pair in header[len("#jinja2:"):].split(","):  # Ansible's parsing of the override line
@@ -95,7 +95,7 @@ def rules_of(text: str) -> List[Dict[str, Any]]:
 
 
 def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, cwd=str(cwd), timeout=120)
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, cwd=str(cwd), timeout=120, check=False)
 
 
 def _block_strings(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
@@ -189,7 +189,7 @@ def test_rendered_like_ansible(tmp_path):
     # The role's defaults win over the dict in the play, as in render().
     if ROLE_DEFAULTS.is_file():
         argv[1:1] = ["-e", "@%s" % ROLE_DEFAULTS]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert dest.read_text().rstrip("\n") == render().rstrip("\n")
 

@@ -153,7 +153,7 @@ def occupy(smi: FakeSmi, pid: int, profile: str, name: str = "train.py") -> int:
     """Put ``pid`` on the GPU instance of ``profile``; returns that GI's id."""
     gi = next(g for g in smi.gpu()["gis"] if g["name"] == profile)
     smi.edit(lambda s: s["processes"].append({"pid": pid, "name": name, "gpu": 0, "gi": gi["id"], "ci": 0,
-                                               "used_memory_mib": 1024}))
+                                              "used_memory_mib": 1024}))
     return gi["id"]
 
 
@@ -519,7 +519,7 @@ def test_bad_requests_fail_before_any_change(smi, args, needles):
 
 def test_nvidia_smi_failures_are_reported_not_raised(smi, tmp_path):
     smi.edit(lambda s: s["override"].update({"-cgi": {"rc": 2, "output": "Unable to create a GPU instance on GPU  0 "
-                                                       "using profile 9: Insufficient Resources"}}))
+                                                      "using profile 9: Insufficient Resources"}}))
     result = mig({"instances": [{"profile": "3g.71gb"}]})
     assert result["failed"] and "Insufficient Resources" in result["msg"] and "-cgi 9:0 -C" in result["msg"]
     smi.edit(lambda s: s.update(override={"-lgi": {"rc": 0, "output": "| GPU instances: |\n|  0 MIG ??? |"}}))

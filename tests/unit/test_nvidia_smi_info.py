@@ -2,7 +2,6 @@
 nvidia-smi, and nvidia-smi stand-ins that say "no devices" / "no driver" or print garbage."""
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 

@@ -161,4 +161,3 @@ def test_empty_tree(tmp_path: Path) -> None:
     """A sysfs root with no PCI at all (a container): empty answers, no error."""
     result = info(SysfsTree(tmp_path))
     assert result["devices"] == [] and result["gpus"] == [] and result["iommu"]["enabled"] is False
-

@@ -28,8 +28,8 @@ def tree(tmp_path: Path) -> SysfsTree:
 
 
 def args_for(tree: SysfsTree, devices: Any, **extra: Any) -> Dict[str, Any]:
-    script, _ = tree.fake_command("update-initramfs")
-    modprobe, _ = tree.fake_command("modprobe")
+    script, _unused = tree.fake_command("update-initramfs")
+    modprobe, _unused = tree.fake_command("modprobe")
     args: Dict[str, Any] = dict(tree.roots(), devices=devices, initramfs_command=[str(script), "-u"],
                                 modprobe_command=[str(modprobe)], bind_timeout=20)
     args.update(extra)
@@ -247,7 +247,7 @@ def test_dracut_hosts(tmp_path: Path) -> None:
     tree = gpu_host(tmp_path)
     shutil.rmtree(str(tree.etc / "initramfs-tools"))
     (tree.etc / "dracut.conf.d").mkdir()
-    dracut, _ = tree.fake_command("dracut")
+    dracut, _unused = tree.fake_command("dracut")
     with FakeKernel(tree):
         result = run_module_process("vfio_pci", args_for(tree, [EDU], initramfs_command=[str(dracut), "-f"]))
     assert not result["failed"], result
@@ -257,7 +257,7 @@ def test_dracut_hosts(tmp_path: Path) -> None:
 
 
 def test_initramfs_failure_is_reported(tree: SysfsTree) -> None:
-    failing, _ = tree.fake_command("update-initramfs-broken", rc=3)
+    failing, _unused = tree.fake_command("update-initramfs-broken", rc=3)
     with FakeKernel(tree):
         result = run_module_process("vfio_pci", args_for(tree, [EDU], initramfs_command=[str(failing)]))
     assert result["failed"] and "rc=3" in result["msg"], result

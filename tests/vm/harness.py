@@ -25,7 +25,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -205,7 +204,7 @@ class Guest:
         the command's own exit status is returned as it is."""
         for attempt in range(connect_retries + 1):
             proc = subprocess.run(self.ssh_argv(command, connect_timeout=30), capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)
+                                  timeout=timeout, stdin=subprocess.DEVNULL, check=False)
             if proc.returncode != 255 or attempt == connect_retries:
                 break
             time.sleep(5)
@@ -299,7 +298,7 @@ def wait_ssh(guest: Guest, deadline: float) -> None:
     while True:
         try:
             proc = subprocess.run(guest.ssh_argv("true", connect_timeout=5), capture_output=True, text=True,
-                                  timeout=30, stdin=subprocess.DEVNULL)
+                                  timeout=30, stdin=subprocess.DEVNULL, check=False)
             if proc.returncode == 0:
                 return
             last = proc.stderr.strip()
@@ -345,7 +344,7 @@ def _used_subnets(conn: Any) -> List[ipaddress.IPv4Network]:
             if ip.get("address") and ip.get("family", "ipv4") == "ipv4":
                 mask = ip.get("netmask") or ip.get("prefix") or "24"
                 used.append(ipaddress.IPv4Network("%s/%s" % (ip.get("address"), mask), strict=False))
-    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=False).stdout.split()
     for token in out:
         if "/" in token and token[0].isdigit():
             used.append(ipaddress.IPv4Network(token, strict=False))
@@ -355,7 +354,7 @@ def _used_subnets(conn: Any) -> List[ipaddress.IPv4Network]:
 def pick_subnet(conn: Any) -> ipaddress.IPv4Network:
     """A random /24 in 10.200-249.x nobody on this host uses (parallel sessions make networks too)."""
     used = _used_subnets(conn)
-    for _ in range(200):
+    for _unused in range(200):
         candidate = ipaddress.IPv4Network("10.%d.%d.0/24" % (random.randint(200, 249), random.randint(0, 255)))
         if not any(candidate.overlaps(u) for u in used):
             return candidate

@@ -22,6 +22,11 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import de
 pytestmark = pytest.mark.vm
 
 
+def _when(value, accept):
+    """value when accept(value) holds, else None (wait_until polls again)."""
+    return value if accept(value) else None
+
+
 def mem_total_mib(guest) -> int:
     line = guest.ssh("grep MemTotal /proc/meminfo").stdout.split()
     return int(line[1]) // 1024
@@ -47,15 +52,15 @@ def test_live_memory_change_seen_in_guest_then_clean_shutdown(boot_guest, run_mo
     assert results["apply"]["actions"] == ["set memory live"]
     assert results["apply"]["restart_required"] is False
     # The balloon driver in the guest gives the memory back: MemTotal drops by about 256 MiB.
-    after = wait_until(lambda: (lambda m: m if m <= before - 200 else None)(mem_total_mib(guest)), 90,
+    after = wait_until(lambda: _when(mem_total_mib(guest), lambda m: m <= before - 200), 90,
                        "the guest's MemTotal to drop below %d MiB" % (before - 200))
     assert after >= before - 300, (before, after)
 
     # domain_info reports the running domain's balloon, which the guest moves to the new size
     # asynchronously (792 MiB was seen on the way to 768): poll until it arrives.
     info = wait_until(
-        lambda: (lambda d: d if d["memory_mib"] == 768 else None)(
-            run_module("domain_info", {"uri": libvirtd, "name": guest.name})["domains"][0]),
+        lambda: _when(run_module("domain_info", {"uri": libvirtd, "name": guest.name})["domains"][0],
+                      lambda d: d["memory_mib"] == 768),
         120, "domain_info to report the 768 MiB balloon")
     # ... and the guest's address from the network's DHCP leases.
     assert guest.ip in [a["address"] for i in info["interfaces"] for a in i["ip_addresses"]]
@@ -92,7 +97,7 @@ def module_guest(libvirtd, prefix, guest_image, run_module, tmp_path):
     os.chmod(known_hosts, 0o600)
     overlay = workdir / "disk.qcow2"
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b",
-                            str(guest_image.disk), str(overlay)], check=True)
+                    str(guest_image.disk), str(overlay)], check=True)
     seed = workdir / "seed.iso"
     seeded = run_module("cloud_init", {
         "dest": str(seed), "instance_id": "%s-%s" % (name, uuid.uuid4().hex[:8]),

@@ -58,7 +58,7 @@ def summarize(notification: dict[str, Any]) -> str:
     alerts = notification.get("alerts") or []
     names = sorted({str(a.get("labels", {}).get("alertname", "?")) for a in alerts})
     return "%s: %s (%d alert%s)" % (notification.get("status", "?"), ", ".join(names) or "-",
-                                     len(alerts), "" if len(alerts) == 1 else "s")
+                                    len(alerts), "" if len(alerts) == 1 else "s")
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -126,7 +126,7 @@ def listen_address(text: str) -> tuple[str, int]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--listen", type=listen_address, default=("127.0.0.1", 9095), metavar="HOST:PORT")
     parser.add_argument("--log", default="/var/lib/mlinfra-alert-receiver/alerts.jsonl", metavar="PATH",
                         help="JSON-lines file the notifications are appended to")

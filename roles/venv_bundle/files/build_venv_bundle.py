@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Build a relocatable-by-path virtualenv bundle on the controller, for a guest's CPython.
 
 The controller's pip installs the pinned requirements for the guest's interpreter and platform
