@@ -8,7 +8,6 @@ daemon on an H200.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Dict
 
@@ -160,6 +159,8 @@ def test_mps_spec_env_tags_and_inherited_variables(tmp_path: Path) -> None:
 def _pipeline_play(tmp_path: Path, role_vars: Dict[str, Any]) -> Path:
     import yaml
     path = tmp_path / "play-pipeline.yml"
+    # The inventory is "localhost,": localhost is the one worker of group ungrouped.
+    role_vars = dict(role_vars, pipeline_worker_group="ungrouped")
     path.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False,
                                      "roles": [{"role": "mlinfra.kvm.pipeline", "vars": role_vars}]}]))
     return path
@@ -188,8 +189,12 @@ def test_pipeline_preflight_checks_pipeline_mps(tmp_path: Path, pipeline_mps: Di
 def test_pipeline_passes_pipeline_mps_to_the_train_stage_only() -> None:
     import yaml
     from conftest import ROOT
-    tasks = yaml.safe_load((ROOT / "roles" / "pipeline" / "tasks" / "stages.yml").read_text())
-    with_mps = [t["name"] for t in tasks if "mps" in (t.get("mlinfra.kvm.ml_stage") or {})]
-    assert with_mps == ["Stage train (PyTorch MLP)"], with_mps
-    train = next(t for t in tasks if t["name"] == with_mps[0])["mlinfra.kvm.ml_stage"]
+    tasks = ROOT / "roles" / "pipeline" / "tasks"
+    stages = yaml.safe_load((tasks / "stages.yml").read_text())
+    assert [t["name"] for t in stages if "mps" in (t.get("mlinfra.kvm.ml_stage") or {})] == []
+    # train.yml declares the train stage once (module_defaults of its block): plan and run.
+    block = yaml.safe_load((tasks / "train.yml").read_text())[0]
+    train = block["module_defaults"]["mlinfra.kvm.ml_stage"]
+    assert train["name"] == "train"
     assert "pipeline_mps" in train["mps"] and "omit" in train["mps"], train["mps"]
+    assert all("mps" not in (t.get("mlinfra.kvm.ml_stage") or {}) for t in block["block"])
