@@ -2,12 +2,12 @@
 
 One tracking VM and two workers (software emulation, 2 cores), a tiny synthetic dataset.
 First run builds everything and runs the pipeline, train across both workers (torchrun, gloo
-over the lab network); the second run changes nothing (both stages skipped, with their reason,
-on both workers); a changed training parameter, with ``--tags guests,pipeline``, re-runs train
-only, on both; the MLflow API shows one run per job with its metrics. Then the interruptions a
-site sees: ansible-playbook killed during train (no second copy, no run left RUNNING), one
-rank killed (the job fails on both workers within a bound, the run ends FAILED, the next run
-trains). Teardown leaves nothing behind but the base image.
+over the lab network); the MLflow API shows one run for the job with its metrics; the second
+run changes nothing (both stages skipped, with their reason, on both workers). Then the
+interruptions a site sees: ansible-playbook killed during train (no second copy, no run left
+RUNNING), one rank killed (the job fails on both workers within a bound, the run ends FAILED),
+and the next run, with a changed parameter and ``--tags guests,pipeline``, re-runs train only,
+on both. Teardown leaves nothing behind but the base image.
 Wall times go to lab/build/lab-test-timings.json (and the CI log).
 """
 from __future__ import annotations
@@ -176,20 +176,8 @@ def test_site_end_to_end(lab):
     assert "no worker due" in " ".join(second.stdout.split()), "both workers skip train with one decision"
     assert len([r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"]) == 1, \
         "a skipped stage makes no MLflow run"
-
-    # A changed parameter, run the way an operator re-runs only the pipeline: the guests play
-    # (which puts the VMs in the inventory) and the pipeline; the second run above already
-    # showed that the tracking server and the workers converge to no change.
-    start = time.monotonic()
-    third = playbook("site.yml", *EXTRA, "--tags", "guests,pipeline",
-                     "-e", json.dumps({"pipeline_train_params": dict(TRAIN_PARAMS, lr=0.002)}),
-                     log=logs / "site-3.log")
-    timings["param_change_run_s"] = round(time.monotonic() - start, 1)
-    assert third.returncode == 0, tail(third.stdout)
-    assert stage_lines(third.stdout) == {"prepare": "skipped", "train": "ran"}, tail(third.stdout, 40)
-    assert "param lr 0.003 -> 0.002" in third.stdout
-    assert all(recap(third.stdout)[w]["changed"] >= 1 for w in WORKERS), "train re-runs on both workers"
-    assert len([r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"]) == 2
+    # A changed parameter re-runs train only, on both workers: test_pipeline_survives_interruptions
+    # ends with that run (after a failed one), the way an operator re-runs only the pipeline.
 
 
 def rank_report(worker: str, rank: int) -> Dict:
@@ -255,13 +243,10 @@ def test_pipeline_survives_interruptions(lab):
         return counts == [0, 0]
     poll("no rank process left on the workers", settled, 600, every_s=5)
     timings["orphan_settled_s"] = round(time.monotonic() - killed, 1)
-    rerun = playbook("site.yml", *EXTRA, "--tags", "guests,pipeline", "-e", json.dumps(params),
-                     log=logs / "after-kill-playbook.log")
-    assert rerun.returncode == 0, tail(rerun.stdout)
-    assert stage_lines(rerun.stdout).get("train") in ("ran", "skipped"), tail(rerun.stdout, 40)
-    finished = [r for r in train_runs_with(api, 0.001) if r["info"]["status"] == "FINISHED"]
-    assert len(finished) == 1, "exactly one copy trained lr=0.001: %s" % [r["info"] for r in train_runs_with(api, 0.001)]
-    assert not [r for r in train_runs_with(api, 0.001) if r["info"]["status"] == "RUNNING"]
+    # The orphan finished (its run FINISHED) or died with its module (KILLED): one copy at most,
+    # and no run left RUNNING. The next run (below) is the proof that the stage goes on.
+    statuses = sorted(r["info"]["status"] for r in train_runs_with(api, 0.001))
+    assert statuses in (["FINISHED"], ["KILLED"]), statuses
 
     # 2. One rank dies mid-training: both workers fail within dist_timeout_s (60) plus the
     # agents' teardown, the job's MLflow run ends FAILED, no rank stays behind.
@@ -283,10 +268,18 @@ def test_pipeline_survives_interruptions(lab):
     poll("no rank process left after the failure", lambda: [len(rank_pids(a)) for a in addresses] == [0, 0], 120)
     statuses = [r["info"]["status"] for r in train_runs_with(api, 0.0005)]
     assert statuses == ["FAILED"], statuses
+    # The next run after the failure, the way an operator re-runs only the pipeline with a
+    # changed parameter: prepare skipped, train re-run on both workers with the reason.
+    start = time.monotonic()
     again = playbook("site.yml", *EXTRA, "--tags", "guests,pipeline", "-e", json.dumps(params),
                      log=logs / "after-kill-rank.log")
-    assert again.returncode == 0 and stage_lines(again.stdout).get("train") == "ran", tail(again.stdout)
-    assert "param lr 0.001 -> 0.0005" in again.stdout
+    timings["param_change_run_s"] = round(time.monotonic() - start, 1)
+    assert again.returncode == 0, tail(again.stdout)
+    assert stage_lines(again.stdout) == {"prepare": "skipped", "train": "ran"}, tail(again.stdout, 40)
+    assert re.search(r"param lr 0\.00(1|3) -> 0\.0005", again.stdout), tail(again.stdout, 40)
+    assert all(recap(again.stdout)[w]["changed"] >= 1 for w in WORKERS), "train re-runs on both workers"
+    assert sorted(r["info"]["status"] for r in train_runs_with(api, 0.0005)) == ["FAILED", "FINISHED"]
+    assert not [r for r in api.runs("mlinfra-pipeline") if r["info"]["status"] == "RUNNING"]
 
 
 # --------------------------------------------------------------------------- monitoring
@@ -367,7 +360,9 @@ def test_monitoring_on_the_lab(lab, tmp_path):
     timings["monitoring_targets_up_s"] = round(time.monotonic() - start, 1)
 
     stage = prometheus_get(base, '/api/v1/query?query=mlinfra_stage_last_run_success{stage="train"}')["result"]
-    assert stage and stage[0]["value"][1] == "1" and stage[0]["metric"]["mlflow_run_id"], stage
+    # One series per worker; the first worker's names the job's MLflow run, the other's has none.
+    assert len(stage) == len(WORKERS) and all(s["value"][1] == "1" for s in stage), stage
+    assert [bool(s["metric"].get("mlflow_run_id")) for s in stage].count(True) == 1, stage
 
     # The dashboard, in headless Chromium.
     from dashboard_browser import open_dashboard  # tests/dashboard_browser.py
