@@ -3,11 +3,12 @@
 One tracking VM and two workers (software emulation, 2 cores), a tiny synthetic dataset.
 First run builds everything and runs the pipeline, train across both workers (torchrun, gloo
 over the lab network); the MLflow API shows one run for the job with its metrics; the second
-run changes nothing (both stages skipped, with their reason, on both workers). Then the
-interruptions a site sees: ansible-playbook killed during train (no second copy, no run left
-RUNNING), one rank killed (the job fails on both workers within a bound, the run ends FAILED),
-and the next run, with a changed parameter and ``--tags guests,pipeline``, re-runs train only,
-on both. Teardown leaves nothing behind but the base image.
+run changes nothing (both stages skipped, with their reason, on both workers); a changed
+training parameter, with ``--tags guests,pipeline``, re-runs train only, on both. With
+MLKVM_LAB_DRILLS=1, the interruptions a site sees: ansible-playbook killed during train (no
+second copy, no run left RUNNING), one rank killed (the job fails on both workers within a
+bound, the run ends FAILED), and the next run re-trains on both. Teardown leaves nothing
+behind but the base image.
 Wall times go to lab/build/lab-test-timings.json (and the CI log).
 """
 from __future__ import annotations
@@ -176,8 +177,20 @@ def test_site_end_to_end(lab):
     assert "no worker due" in " ".join(second.stdout.split()), "both workers skip train with one decision"
     assert len([r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"]) == 1, \
         "a skipped stage makes no MLflow run"
-    # A changed parameter re-runs train only, on both workers: test_pipeline_survives_interruptions
-    # ends with that run (after a failed one), the way an operator re-runs only the pipeline.
+
+    # A changed parameter, run the way an operator re-runs only the pipeline: the guests play
+    # (which puts the VMs in the inventory) and the pipeline; the second run above already
+    # showed that the tracking server and the workers converge to no change.
+    start = time.monotonic()
+    third = playbook("site.yml", *EXTRA, "--tags", "guests,pipeline",
+                     "-e", json.dumps({"pipeline_train_params": dict(TRAIN_PARAMS, lr=0.002)}),
+                     log=logs / "site-3.log")
+    timings["param_change_run_s"] = round(time.monotonic() - start, 1)
+    assert third.returncode == 0, tail(third.stdout)
+    assert stage_lines(third.stdout) == {"prepare": "skipped", "train": "ran"}, tail(third.stdout, 40)
+    assert "param lr 0.003 -> 0.002" in third.stdout
+    assert all(recap(third.stdout)[w]["changed"] >= 1 for w in WORKERS), "train re-runs on both workers"
+    assert len([r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"]) == 2
 
 
 def rank_report(worker: str, rank: int) -> Dict:
@@ -219,6 +232,11 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
+# Opt-in for now: the drills add about 15 minutes to a lab tier that, with two workers on two
+# emulating cores, already takes most of what CI's 90 minutes leave (issue 18).
+@pytest.mark.skipif(os.environ.get("MLKVM_LAB_DRILLS") != "1",
+                    reason="MLKVM_LAB_DRILLS=1 runs the interruption drills (about 15 min more of the lab "
+                           "tier, which CI's 90 minutes cannot hold yet beside the other tiers)")
 @pytest.mark.timeout(3600)
 def test_pipeline_survives_interruptions(lab):
     """ansible-playbook killed during train, then one rank killed: never two copies, never a
@@ -276,7 +294,7 @@ def test_pipeline_survives_interruptions(lab):
     timings["param_change_run_s"] = round(time.monotonic() - start, 1)
     assert again.returncode == 0, tail(again.stdout)
     assert stage_lines(again.stdout) == {"prepare": "skipped", "train": "ran"}, tail(again.stdout, 40)
-    assert re.search(r"param lr 0\.00(1|3) -> 0\.0005", again.stdout), tail(again.stdout, 40)
+    assert re.search(r"param lr 0\.00(1|2) -> 0\.0005", again.stdout), tail(again.stdout, 40)
     assert all(recap(again.stdout)[w]["changed"] >= 1 for w in WORKERS), "train re-runs on both workers"
     assert sorted(r["info"]["status"] for r in train_runs_with(api, 0.0005)) == ["FAILED", "FINISHED"]
     assert not [r for r in api.runs("mlinfra-pipeline") if r["info"]["status"] == "RUNNING"]

@@ -344,8 +344,17 @@ def test_gpu_host_passthrough(libvirtd, prefix, grub_image, run_module, tmp_path
         try:
             guest.ssh("sudo -n virsh -c qemu:///system define /tmp/nested.xml", timeout=300)
             guest.ssh("sudo -n virsh -c qemu:///system start %s" % nested, timeout=600)
-            pci = guest.ssh("sudo -n virsh -c qemu:///system qemu-monitor-command --hmp %s 'info pci'" % nested,
-                            timeout=300).stdout
+            # Polled: the nested QEMU runs under TCG inside a TCG guest, and while it starts its
+            # monitor can stay silent for minutes on a loaded machine (one call once hung 300 s).
+            pci, deadline = "", time.monotonic() + 900
+            while "1234:11e8" not in pci and time.monotonic() < deadline:
+                try:
+                    pci = guest.ssh("sudo -n virsh -c qemu:///system qemu-monitor-command --hmp %s 'info pci'"
+                                    % nested, check=False, timeout=120).stdout
+                except subprocess.TimeoutExpired:
+                    pci = "(the monitor did not answer within 120 s)"
+                if "1234:11e8" not in pci:
+                    time.sleep(10)
             assert "1234:11e8" in pci, pci
         finally:
             guest.ssh("sudo -n virsh -c qemu:///system destroy %s; sudo -n virsh -c qemu:///system undefine %s"
