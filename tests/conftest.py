@@ -31,6 +31,16 @@ if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
 
 
+def checkout_shell_env() -> Dict[str, str]:
+    """The environment of a tool run as from a shell in the checkout (the gates: ansible-test,
+    ansible-lint), not with this test session's module paths."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.pop("ANSIBLE_COLLECTIONS_PATH", None)
+    env["NO_COLOR"] = "1"
+    return env
+
+
 def module_env() -> Dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(COLLECTIONS), env.get("PYTHONPATH")]))

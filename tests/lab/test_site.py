@@ -17,6 +17,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+import yaml
 
 from conftest import ROOT
 
@@ -105,6 +107,35 @@ def metrics(run: Dict) -> Dict[str, float]:
     return {m["key"]: m["value"] for m in run["data"].get("metrics", [])}
 
 
+def lab_pool_dirs() -> List[Path]:
+    """The target directories of inventories/lab's pools (the VM disks live there)."""
+    lab_vars = yaml.safe_load((Path(ROOT) / "inventories" / "lab" / "group_vars" / "all" / "lab.yml").read_text())
+    return [Path(pool["target"]) for pool in lab_vars["hypervisor_pools"] if pool.get("target")]
+
+
+def clear_earlier_lab(logs: Path) -> List[str]:
+    """Start from a machine with no lab on it, as the test's first run claims to.
+
+    An earlier lab (a run killed midway, a lab made from another checkout) would turn the first
+    run into a re-run, or fail it: a VM disk left over another checkout's image is refused, as it
+    should be, by mlinfra.kvm.volume. teardown.yml removes what libvirt knows of; disks left in
+    a pool's directory with no pool defined over it any more (libvirt's own state gone, the
+    files kept) are removed after it. Returns what was found, for the log."""
+    down = playbook("teardown.yml", *EXTRA, log=logs / "teardown-before.log")
+    assert down.returncode == 0, tail(down.stdout)
+    found = ["teardown: %s" % {k: v for k, v in counts.items() if k in ("changed", "failed")}
+             for counts in recap(down.stdout).values() if counts.get("changed")]
+    for pool_dir in lab_pool_dirs():
+        # The pools are undefined now: every file left in their directories is a leftover disk.
+        for leftover in sorted(pool_dir.glob("*")) if pool_dir.is_dir() else []:
+            found.append("leftover %s" % leftover)
+            if leftover.is_dir():
+                shutil.rmtree(leftover)
+            else:
+                leftover.unlink()
+    return found
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory, libvirtd):
     # The logs stay where the test report is (CI keeps that directory), else in a temporary one.
@@ -112,6 +143,7 @@ def lab(tmp_path_factory, libvirtd):
     logs = Path(report) / "lab-logs" if report else tmp_path_factory.mktemp("lab-logs")
     logs.mkdir(parents=True, exist_ok=True)
     timings: Dict[str, float] = {}
+    print("earlier lab removed:", clear_earlier_lab(logs) or "none found")
     start = time.monotonic()
     # The lab image with the venvs baked in (built once, reused while its recipe and the
     # bundles are unchanged), as `make lab` does.

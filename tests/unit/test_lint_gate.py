@@ -12,20 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, checkout_shell_env
 
 pytestmark = pytest.mark.unit
 VENV_BIN = Path(ROOT) / ".venv" / "bin"
 
 
 def _env() -> dict:
-    env = dict(os.environ)
-    # The tools run as from a shell in the checkout, not with the test session's module paths.
-    env.pop("PYTHONPATH", None)
-    env.pop("ANSIBLE_COLLECTIONS_PATH", None)
+    env = checkout_shell_env()
     env["ANSIBLE_CONFIG"] = str(Path(ROOT) / "ansible.cfg")
     env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
-    env["NO_COLOR"] = "1"
     return env
 
 

@@ -9,32 +9,22 @@ runs reuse them.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, checkout_shell_env
 
 pytestmark = pytest.mark.unit
 VENV_BIN = Path(ROOT) / ".venv" / "bin"
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    # ansible-test runs as from a shell in the checkout, not with the test session's module paths.
-    env.pop("PYTHONPATH", None)
-    env.pop("ANSIBLE_COLLECTIONS_PATH", None)
-    env["NO_COLOR"] = "1"
-    return env
 
 
 @pytest.mark.timeout(1200)
 def test_ansible_test_sanity_is_clean():
     if not (VENV_BIN / "ansible-test").is_file():
         pytest.skip("ansible-test is not installed in .venv (ansible-core in requirements.txt; run make venv)")
-    proc = subprocess.run(["bash", str(Path(ROOT) / "scripts" / "sanity.sh")], cwd=ROOT, env=_env(),
+    proc = subprocess.run(["bash", str(Path(ROOT) / "scripts" / "sanity.sh")], cwd=ROOT, env=checkout_shell_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1140, check=False)
     if proc.returncode != 0:
         errors = [line for line in proc.stdout.splitlines() if line.startswith(("ERROR:", "FATAL:"))]
