@@ -9,9 +9,9 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import Differenc
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, LibvirtCallError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import Connection, call, lookup, resolve_uri
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _validate as V
-from ansible_collections.mlinfra.kvm.plugins.modules import network as N
-from ansible_collections.mlinfra.kvm.plugins.modules import pool as P
-from ansible_collections.mlinfra.kvm.plugins.modules import volume as VOL
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _network as N
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _pool as P
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _volume as VOL
 
 pytestmark = pytest.mark.unit
 

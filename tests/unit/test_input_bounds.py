@@ -14,7 +14,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils import _validate as V
 from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import build_new
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError
 from ansible_collections.mlinfra.kvm.plugins.modules import domain as domain_module
-from ansible_collections.mlinfra.kvm.plugins.modules import network as network_module
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _network as network_module
 
 from test_domain_xml import FakeService, request
 

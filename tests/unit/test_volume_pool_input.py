@@ -14,7 +14,7 @@ import pytest
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _volume_io as vio
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import plain_text
-from ansible_collections.mlinfra.kvm.plugins.modules import pool as pool_module
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _pool as pool_module
 
 pytestmark = pytest.mark.unit
 NO_DAEMON = "qemu+unix:///system?socket=/nonexistent/mlkvmtest-sock"

@@ -1,0 +1,479 @@
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Libvirt storage pools: validation, the XML both ways, the service (the only code that calls
+libvirt for pools) and the runner that mlinfra.kvm.pool and mlinfra.kvm.pools share."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ._diff import DifferenceTracker
+from ._errors import ConflictError, InvalidInputError, KvmError
+from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
+from ._libvirt_guards import DiskUsage
+from ._validate import object_name, plain_text
+from ._resource_list import ResourceKind, read_listed
+from . import _xml as X
+
+# Fields of a pool definition that the structured options cover.
+SPEC_FIELDS = ("type", "target", "source_host", "source_dir", "source_format", "source_name", "source_devices")
+# Fields whose change moves the pool's storage: refused unless recreate.
+RELOCATING_FIELDS = ("type", "target", "source_host", "source_dir", "source_name")
+
+
+# Free-text options that end up in the pool XML (or in file names): no control characters.
+TEXT_OPTIONS = ("name", "target", "source_host", "source_dir", "source_name")
+
+
+def validate_input(params: Dict[str, Any]) -> None:
+    """Checks that need no libvirt: run before connecting, so bad input changes nothing."""
+    for option in TEXT_OPTIONS:
+        plain_text(option, params.get(option))
+    for index, device in enumerate(params.get("source_devices") or []):
+        plain_text("source_devices[%d]" % index, device)
+    object_name("name", params["name"])
+    if params.get("xml") is not None:
+        xml_name(params["name"], params["xml"])
+
+
+def xml_name(name: str, xml: str) -> None:
+    """The ``xml`` escape hatch must parse and define the pool the ``name`` option names.
+
+    Otherwise the module would look up one pool and define another: every run would report
+    a change, and a pool named only in the XML would be created behind the name's back.
+    """
+    plain_text("xml", xml, multiline=True)
+    try:
+        root = X.parse(xml)
+    except (X.etree.XMLSyntaxError, ValueError) as exc:
+        raise InvalidInputError("xml", xml, "is not well-formed XML (%s)" % exc,
+                                "give a complete <pool> document") from None
+    if root.tag != "pool":
+        raise InvalidInputError("xml", xml, "has root element <%s>, not <pool>" % root.tag,
+                                "give a complete <pool type='...'> document")
+    inner = X.text(root, "name")
+    if inner != name:
+        raise InvalidInputError("xml", xml, "defines the pool <name>%s</name> but option name is %r" % (inner, name),
+                                "make <name> in xml and the name option the same")
+
+
+def desired_spec(params: Dict[str, Any]) -> Dict[str, Any]:
+    ptype = params["type"]
+    spec: Dict[str, Any] = {"type": ptype}
+    if ptype == "logical":
+        vg = params["source_name"] or params["name"]
+        spec.update(source_name=vg, target=params["target"] or "/dev/%s" % vg,
+                    source_devices=sorted(params["source_devices"] or []))
+    else:
+        spec["target"] = os.path.normpath(params["target"])
+    if ptype == "netfs":
+        spec.update(source_host=params["source_host"], source_dir=params["source_dir"],
+                    source_format=params["source_format"])
+    return spec
+
+
+def spec_from_xml(xml: str) -> Dict[str, Any]:
+    root = X.parse(xml)
+    ptype = root.get("type")
+    spec: Dict[str, Any] = {"type": ptype, "target": X.text(root, "target/path")}
+    if spec["target"]:
+        spec["target"] = os.path.normpath(spec["target"])
+    if ptype == "logical":
+        spec["source_name"] = X.text(root, "source/name")
+        spec["source_devices"] = sorted(d.get("path") for d in root.findall("source/device"))
+    if ptype == "netfs":
+        spec["source_host"] = X.attr(root, "source/host", "name")
+        spec["source_dir"] = X.attr(root, "source/dir", "path")
+        spec["source_format"] = X.attr(root, "source/format", "type")
+    return spec
+
+
+def build_xml(name: str, spec: Dict[str, Any], uuid: Optional[str] = None) -> str:
+    root = X.element("pool", {"type": spec["type"]})
+    X.sub(root, "name", text=name)
+    if uuid:
+        X.sub(root, "uuid", text=uuid)
+    if spec["type"] in ("logical", "netfs"):
+        source = X.sub(root, "source")
+        if spec["type"] == "logical":
+            for device in spec.get("source_devices") or []:
+                X.sub(source, "device", {"path": device})
+            X.sub(source, "name", text=spec["source_name"])
+            X.sub(source, "format", {"type": "lvm2"})
+        else:
+            X.sub(source, "host", {"name": spec["source_host"]})
+            X.sub(source, "dir", {"path": spec["source_dir"]})
+            X.sub(source, "format", {"type": spec["source_format"]})
+    target = X.sub(root, "target")
+    X.sub(target, "path", text=spec["target"])
+    return X.to_string(root)
+
+
+class PoolService:
+    """The only code that talks to libvirt for pools."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def get(self, name: str) -> Any:
+        return lookup("looking up pool %s" % name, self.conn.storagePoolLookupByName, name,
+                      (libvirt.VIR_ERR_NO_STORAGE_POOL,))
+
+    def inactive_xml(self, pool: Any) -> str:
+        return call("reading pool XML", pool.XMLDesc, libvirt.VIR_STORAGE_XML_INACTIVE)
+
+    def define(self, xml: str) -> Any:
+        return call("defining pool", self.conn.storagePoolDefineXML, xml, 0)
+
+    def build(self, pool: Any, no_overwrite: bool) -> None:
+        flags = libvirt.VIR_STORAGE_POOL_BUILD_NO_OVERWRITE if no_overwrite else 0
+        call("building pool %s" % pool.name(), pool.build, flags)
+
+    def start(self, pool: Any) -> None:
+        call("starting pool %s" % pool.name(), pool.create, 0)
+
+    def stop(self, pool: Any) -> None:
+        call("stopping pool %s" % pool.name(), pool.destroy)
+
+    def undefine(self, pool: Any) -> None:
+        call("undefining pool %s" % pool.name(), pool.undefine)
+
+    def set_autostart(self, pool: Any, value: bool) -> None:
+        call("setting autostart of pool %s" % pool.name(), pool.setAutostart, int(value))
+
+    def refresh(self, pool: Any) -> None:
+        call("refreshing pool %s" % pool.name(), pool.refresh, 0)
+
+    def volumes(self, pool: Any) -> List[Any]:
+        return call("listing volumes of pool %s" % pool.name(), pool.listAllVolumes, 0)
+
+    def delete_volume(self, vol: Any) -> None:
+        call("deleting volume %s" % vol.name(), vol.delete, 0)
+
+    def volumes_in_use(self, pool: Any) -> Dict[str, List[str]]:
+        """Volume name -> the defined domains that use it (works on an inactive pool too)."""
+        usage = DiskUsage(self.conn)
+        in_use = usage.users_under(pool.name(), spec_from_xml(self.inactive_xml(pool)).get("target"))
+        if pool.isActive():  # exact paths where libvirt can list them
+            for vol in self.volumes(pool):
+                users = usage.users(pool.name(), vol.name(), vol.path())
+                if users:
+                    in_use[vol.name()] = users
+        return in_use
+
+    def delete_storage(self, pool: Any) -> None:
+        call("deleting the storage of pool %s" % pool.name(), pool.delete, 0)
+
+    def describe(self, pool: Optional[Any]) -> Dict[str, Any]:
+        if pool is None:
+            return {"state": "absent"}
+        spec = spec_from_xml(self.inactive_xml(pool))
+        active = bool(pool.isActive())
+        info = call("reading pool info", pool.info) if active else [0, 0, 0, 0]
+        out = {"name": pool.name(), "uuid": pool.UUIDString(), "state": "active" if active else "inactive",
+               "autostart": bool(pool.autostart()), "capacity": info[1], "allocation": info[2],
+               "available": info[3], "volumes": sorted(v.name() for v in self.volumes(pool)) if active else []}
+        out.update(spec)
+        return out
+
+
+class PoolRunner:
+    def __init__(self, module: AnsibleModule, service: PoolService, local: bool) -> None:
+        self.module = module
+        self.params = module.params
+        self.service = service
+        self.local = local
+        self.tracker = DifferenceTracker()
+        self.check = module.check_mode
+        # Names of the volumes a purge deletes (would delete, in check mode); None: no purge.
+        self.purged: Optional[List[str]] = None
+
+    # -- validation -------------------------------------------------------------------------
+    def validate(self) -> None:
+        p = self.params
+        validate_input(p)
+        if p["state"] == "absent" or p["xml"]:
+            return
+        if p["type"] in ("dir", "netfs") and not p["target"]:
+            raise InvalidInputError("target", p["target"], "is required for a %s pool" % p["type"],
+                                    "set target to the directory that holds the volumes")
+        if p["type"] == "netfs" and not (p["source_host"] and p["source_dir"]):
+            raise InvalidInputError("source_host/source_dir", [p["source_host"], p["source_dir"]],
+                                    "are required for a netfs pool", "set the NFS server and its export")
+        if p["target"] and self.local and os.path.exists(p["target"]) and not os.path.isdir(p["target"]):
+            raise InvalidInputError("target", p["target"], "is an existing regular file, not a directory",
+                                    "point target at a directory (or remove the file)")
+
+    # -- decisions --------------------------------------------------------------------------
+    def needs_build(self, spec: Dict[str, Any]) -> bool:
+        if self.params["build"] is False:
+            return False
+        if spec["type"] == "logical":
+            return bool(self.params["build"]) and not os.path.exists(spec["target"])
+        return self.local and not os.path.isdir(spec["target"])
+
+    def run(self) -> Dict[str, Any]:
+        self.validate()
+        name = self.params["name"]
+        pool = self.service.get(name)
+        before = self.service.describe(pool)
+        if self.params["state"] == "absent":
+            self.absent_reporting_partial(pool)
+        else:
+            pool = self.ensure_present(pool, before)
+        after = self.predict_after(before) if self.check else self.service.describe(self.service.get(name))
+        fields = [f for f in ("state", "autostart") + SPEC_FIELDS if f in after or f in before]
+        result = {
+            "changed": self.tracker.changed,
+            "actions": self.tracker.actions,
+            "pool": after,
+            "xml": "" if self.check or after["state"] == "absent" else
+            self.service.inactive_xml(self.service.get(name)),
+        }
+        if self.purged is not None:
+            result["purged"] = self.purged
+        if self.module._diff:
+            diff_before = {f: before.get(f) for f in fields}
+            diff_after = {f: after.get(f) for f in fields}
+            if self.purged is not None:
+                diff_before["volumes"], diff_after["volumes"] = list(self.purged), []
+            result["diff"] = self.tracker.diff(diff_before, diff_after)
+        return result
+
+    def absent_reporting_partial(self, pool: Optional[Any]) -> None:
+        """ensure_absent; a failure after the first side effect says what was done."""
+        try:
+            self.ensure_absent(pool)
+        except KvmError as err:
+            # Every action is recorded just before it runs: all but the last one happened.
+            done = self.tracker.actions[:-1]
+            if done and not self.check:
+                err.details.update(changed=True, actions=done, failed_action=self.tracker.actions[-1],
+                                   purged=[a[len("delete volume "):] for a in done if a.startswith("delete volume ")])
+                err.msg = "%s (already done: %s)" % (err.msg, ", ".join(done))
+            raise
+
+    def predict_after(self, before: Dict[str, Any]) -> Dict[str, Any]:
+        after = dict(before)
+        after.update(self.tracker.get_after())
+        return after
+
+    # -- absent -----------------------------------------------------------------------------
+    def ensure_absent(self, pool: Optional[Any]) -> None:
+        if pool is None:
+            return
+        self.tracker.add("state", "active" if pool.isActive() else "inactive", "absent")
+        was_active = bool(pool.isActive())
+        if self.params["purge"]:
+            # Refuse before anything is touched: not even the start below may happen.
+            self.guard_purge(pool)
+            self.purge_volumes(pool)
+        # A pool started only to purge it runs now in a real run; check mode predicts the same stop.
+        if pool.isActive() or (self.params["purge"] and not was_active):
+            self.tracker.action("stop")
+            if not self.check:
+                self.service.stop(pool)
+        if self.params["purge"] and self.tracker_type_is_dir(pool):
+            self.tracker.action("delete target directory")
+            if not self.check:
+                self.service.delete_storage(pool)
+        self.tracker.action("undefine")
+        if not self.check:
+            self.service.undefine(pool)
+
+    def guard_purge(self, pool: Any) -> None:
+        """Refuse a purge that would delete volumes defined domains use, unless force."""
+        in_use = self.service.volumes_in_use(pool)
+        if not in_use:
+            return
+        listing = "; ".join("%s: %s" % (vol, ", ".join(users)) for vol, users in sorted(in_use.items()))
+        if self.params["force"]:
+            self.module.warn("force: true: purging pool %s although volumes are in use: %s" % (pool.name(), listing))
+            return
+        raise ConflictError(
+            "option purge: value True would delete volumes of pool %s that defined domains use (%s); "
+            "deleting them would leave those domains without their disks. Remove the domains or their "
+            "disks first (mlinfra.kvm.domain), or set force: true to delete them anyway. Nothing was changed."
+            % (pool.name(), listing), option="force", volumes_in_use=in_use)
+
+    def purge_volumes(self, pool: Any) -> None:
+        """Delete every volume (the list lands in ``purged`` before the first deletion)."""
+        if not pool.isActive():
+            self.tracker.action("start (to purge volumes)")
+            if self.check:
+                # Listing needs a running pool; predict from the directory where we can.
+                self.purged = self.predicted_volumes(pool)
+                for name in self.purged:
+                    self.tracker.action("delete volume %s" % name)
+                return
+            self.service.start(pool)
+        volumes = sorted(self.service.volumes(pool), key=lambda v: v.name())
+        self.purged = [vol.name() for vol in volumes]
+        for vol in volumes:
+            self.tracker.action("delete volume %s" % vol.name())
+            if not self.check:
+                self.service.delete_volume(vol)
+
+    def predicted_volumes(self, pool: Any) -> List[str]:
+        spec = spec_from_xml(self.service.inactive_xml(pool))
+        target = spec.get("target")
+        if spec["type"] != "dir" or not self.local or not target or not os.path.isdir(target):
+            return []
+        # What libvirt's dir pool lists: every entry that resolves (dangling links are skipped).
+        return sorted(e for e in os.listdir(target) if os.path.exists(os.path.join(target, e)))
+
+    def tracker_type_is_dir(self, pool: Any) -> bool:
+        return spec_from_xml(self.service.inactive_xml(pool))["type"] == "dir"
+
+    # -- present / active -------------------------------------------------------------------
+    def ensure_present(self, pool: Optional[Any], before: Dict[str, Any]) -> Optional[Any]:
+        p = self.params
+        if p["xml"]:
+            pool = self.ensure_definition_xml(pool, p["xml"])
+            spec = spec_from_xml(p["xml"])
+        else:
+            spec = desired_spec(p)
+            pool = self.ensure_definition(pool, before, spec)
+        if self.needs_build(spec):
+            self.tracker.action("build")
+            if not self.check:
+                self.service.build(pool, no_overwrite=spec["type"] == "logical")
+        active = bool(pool is not None and pool.isActive())
+        if p["state"] == "active":
+            self.tracker.add("state", before["state"] if before["state"] != "absent" else "inactive", "active",
+                             active=not active)
+            if not active:
+                self.tracker.action("start")
+                if not self.check:
+                    self.service.start(pool)
+        elif before["state"] == "absent":
+            self.tracker.add("state", "absent", "inactive")
+        if p["autostart"] is not None:
+            current = bool(pool.autostart()) if pool is not None else False
+            if self.tracker.add("autostart", current, p["autostart"]):
+                self.tracker.action("autostart %s" % ("on" if p["autostart"] else "off"))
+                if not self.check:
+                    self.service.set_autostart(pool, p["autostart"])
+        return pool
+
+    def ensure_definition(self, pool: Optional[Any], before: Dict[str, Any], spec: Dict[str, Any]) -> Optional[Any]:
+        name = self.params["name"]
+        if pool is None:
+            for field, value in spec.items():
+                self.tracker.add(field, None, value)
+            self.tracker.action("define")
+            return None if self.check else self.service.define(build_xml(name, spec))
+        current = {f: before.get(f) for f in spec}
+        changed = [f for f in spec if self.tracker.add(f, current[f], spec[f])]
+        if not changed:
+            return pool
+        relocating = [f for f in changed if f in RELOCATING_FIELDS]
+        if relocating and not self.params["recreate"]:
+            raise ConflictError(
+                "pool %s exists with %s; the request asks for %s. Changing where a pool keeps its "
+                "volumes would hide the volumes already there. Set recreate: true to redefine it "
+                "(volumes stay on disk), or use another pool name."
+                % (name, ", ".join("%s=%r" % (f, current[f]) for f in relocating),
+                   ", ".join("%s=%r" % (f, spec[f]) for f in relocating)),
+                option="recreate", fields=relocating)
+        if relocating:
+            return self.recreate(pool, spec)
+        self.tracker.action("redefine")
+        return pool if self.check else self.service.define(build_xml(name, spec, pool.UUIDString()))
+
+    def recreate(self, pool: Any, spec: Dict[str, Any]) -> Optional[Any]:
+        if pool.isActive():
+            self.tracker.action("stop")
+            if not self.check:
+                self.service.stop(pool)
+        self.tracker.action("undefine")
+        self.tracker.action("define")
+        if self.check:
+            return pool
+        uuid = pool.UUIDString()
+        self.service.undefine(pool)
+        return self.service.define(build_xml(self.params["name"], spec, uuid))
+
+    def ensure_definition_xml(self, pool: Optional[Any], xml: str) -> Optional[Any]:
+        # libvirt fills in uuid, sizes and permissions; they are not part of the request.
+        ignored = ["/pool/uuid", "/pool/capacity", "/pool/allocation", "/pool/available",
+                   "/pool/target/permissions", "/pool/source[not(*)]"]
+        wanted = X.normalise(xml, drop=ignored)
+        current = X.normalise(self.service.inactive_xml(pool), drop=ignored) if pool is not None else None
+        if not self.tracker.add("xml", current, wanted):
+            return pool
+        self.tracker.action("define" if pool is None else "redefine")
+        return pool if self.check else self.service.define(xml)
+
+
+MUTUALLY_EXCLUSIVE = [("xml", "target")]
+
+
+def argument_spec() -> Dict[str, Any]:
+    spec: Dict[str, Any] = dict(
+        name=dict(type="str", required=True),
+        state=dict(type="str", default="active", choices=["active", "present", "absent"]),
+        type=dict(type="str", default="dir", choices=["dir", "logical", "netfs"]),
+        target=dict(type="path"),
+        source_host=dict(type="str"),
+        source_dir=dict(type="str"),
+        source_format=dict(type="str", default="auto", choices=["auto", "nfs", "glusterfs", "cifs"]),
+        source_name=dict(type="str"),
+        source_devices=dict(type="list", elements="path", default=[]),
+        build=dict(type="bool"),
+        autostart=dict(type="bool"),
+        recreate=dict(type="bool", default=False),
+        purge=dict(type="bool", default=False),
+        force=dict(type="bool", default=False),
+        xml=dict(type="str"),
+    )
+    spec.update(LIBVIRT_ARGSPEC)
+    return spec
+
+
+def run_pool(module: AnsibleModule, conn: Any, local: bool) -> Dict[str, Any]:
+    """One pool, on an open connection (mlinfra.kvm.pool, and each item of mlinfra.kvm.pools)."""
+    return PoolRunner(module, PoolService(conn), local).run()
+
+
+# -- resource list (mlinfra.kvm.pools) ---------------------------------------------------------
+
+# The pool types this collection manages; pools of other types are left out of gathered (and
+# so never removed by overridden).
+LIST_TYPES = ("dir", "logical", "netfs")
+
+
+def gather_pools(conn: Any) -> List[Dict[str, Any]]:
+    """Every pool of a managed type as a pools item (the module's own input format)."""
+    def read(pool: Any) -> Optional[Dict[str, Any]]:
+        spec = spec_from_xml(call("reading pool XML", pool.XMLDesc, libvirt.VIR_STORAGE_XML_INACTIVE))
+        if spec["type"] not in LIST_TYPES:
+            return None
+        item: Dict[str, Any] = {"name": pool.name(), "state": "active" if pool.isActive() else "present",
+                                "autostart": bool(pool.autostart())}
+        item.update({k: v for k, v in spec.items() if v is not None and v != []})
+        return item
+
+    return sorted(read_listed(call("listing pools", conn.listAllStoragePools, 0), read), key=lambda i: i["name"])
+
+
+def render_pool(params: Dict[str, Any]) -> str:
+    if params["xml"]:
+        return params["xml"]
+    precheck_pool(params)
+    return build_xml(params["name"], desired_spec(params))
+
+
+def precheck_pool(params: Dict[str, Any]) -> None:
+    validate_input(params)
+    if params["state"] != "absent" and not params["xml"] and params["type"] in ("dir", "netfs") \
+            and not params["target"]:
+        raise InvalidInputError("target", params["target"], "is required for a %s pool" % params["type"],
+                                "set target to the directory that holds the volumes")
+
+
+LIST_KIND = ResourceKind("pool", argument_spec(), MUTUALLY_EXCLUSIVE, run_pool, gather_pools, render_pool,
+                         precheck_pool, item_states=("active", "present"), delete_options=("force", "purge"))

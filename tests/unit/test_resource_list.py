@@ -1,0 +1,116 @@
+"""The resource-list modules (networks, pools, volumes) without a libvirtd: their option docs
+against the single-object modules', rendered (which never connects), input refused before any
+connection, and the guest role's filter that feeds mlinfra.kvm.volumes."""
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from conftest import ROOT, run_module_process
+from ansible_collections.mlinfra.kvm.plugins.filter.guest import guest_volumes
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _network, _pool, _volume
+from ansible_collections.mlinfra.kvm.plugins.module_utils._resource_list import list_argument_spec
+
+pytestmark = pytest.mark.unit
+# A URI whose connection fails at once, here: a call that must not connect proves it did not.
+NO_LIBVIRT = "qemu+unix:///system?socket=/nonexistent/mlinfra-no-libvirtd"
+KINDS = {"networks": _network, "pools": _pool, "volumes": _volume}
+
+
+def doc_options(module: str) -> dict:
+    text = (ROOT / "plugins" / "modules" / (module + ".py")).read_text()
+    return yaml.safe_load(re.search(r"DOCUMENTATION = r'''\n(.*?)'''", text, re.S).group(1))["options"]
+
+
+def test_generated_config_docs_are_current():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_list_module_docs.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("plural", sorted(KINDS))
+def test_items_take_the_single_module_options(plural):
+    kind = KINDS[plural].LIST_KIND
+    single = doc_options(kind.kind)
+    documented = doc_options(plural)["config"]["suboptions"]
+    spec = list_argument_spec(kind)["config"]["options"]
+    assert sorted(documented) == sorted(set(single) - {"uri"}) == sorted(spec)
+    for option, desc in spec.items():
+        assert "default" not in desc, option  # merged must see what an item leaves out
+        assert documented[option]["type"] == desc.get("type", "str"), option
+        assert documented[option].get("choices") == desc.get("choices"), option
+        assert bool(documented[option].get("required")) == (option in kind.key_fields), option
+
+
+def test_rendered_never_connects():
+    result = run_module_process("networks", {"uri": NO_LIBVIRT, "state": "rendered", "config": [
+        {"name": "lab", "address": "192.168.150.1", "prefix": 24,
+         "dhcp_range": {"start": "192.168.150.100", "end": "192.168.150.200"}}]})
+    assert not result["failed"], result
+    xml = result["rendered"]["lab"]
+    assert '<ip address="192.168.150.1" prefix="24">' in xml and '<forward mode="nat"/>' in xml
+    pools = run_module_process("pools", {"uri": NO_LIBVIRT, "state": "rendered",
+                                         "config": [{"name": "images", "target": "/var/lib/x/../images"}]})
+    assert "<path>/var/lib/images</path>" in pools["rendered"]["images"], pools
+    vols = run_module_process("volumes", {"uri": NO_LIBVIRT, "state": "rendered", "config": [
+        {"pool": "p", "name": "d.qcow2", "capacity": "1G", "backing": "/b/base.qcow2"}]})
+    assert "<capacity unit=\"bytes\">1073741824</capacity>" in vols["rendered"]["p/d.qcow2"], vols
+    missing = run_module_process("volumes", {"uri": NO_LIBVIRT, "state": "rendered", "config": [
+        {"pool": "p", "name": "d.qcow2"}]})
+    assert missing["failed"] and missing["msg"].startswith("config[0] (p/d.qcow2): option capacity"), missing
+
+
+@pytest.mark.parametrize("plural,args,expected", [
+    ("networks", {"config": [{"name": "a", "mode": "tunnel"}]}, "value of mode must be one of"),
+    ("networks", {"config": [{"name": "a"}, {"name": "a"}]}, "names the same network as config[0]"),
+    ("networks", {"state": "replaced", "config": [{"name": "a", "mtu": 9}]}, "config[0] (a): option mtu"),
+    ("pools", {"state": "replaced", "config": [{"name": "a"}]}, "config[0] (a): option target"),
+    ("volumes", {"state": "replaced", "config": [{"pool": "p", "name": "x.mlinfra-partial", "capacity": "1G"}]},
+     "ends with .mlinfra-partial"),
+    ("volumes", {"state": "overridden", "config": []}, "option scope: value None is required with state: overridden"),
+    ("pools", {"state": "merged", "scope": {"name_prefix": "lab-"}, "config": [{"name": "other", "target": "/x"}]},
+     "is outside scope.name_prefix lab-"),
+])
+def test_bad_input_fails_before_connecting(plural, args, expected):
+    result = run_module_process(plural, dict(args, uri=NO_LIBVIRT))
+    assert result["failed"] and not result.get("changed"), result
+    assert expected in result["msg"], result["msg"]
+    assert "Traceback" not in result["msg"]
+
+
+def test_guest_volumes_filter():
+    vms = [{"name": "w1", "disk": "20G"}, {"name": "w2"}]
+    assert guest_volumes(vms, "lab", "/b/ml.qcow2", "10G") == [
+        {"name": "w1.qcow2", "pool": "lab", "backing": "/b/ml.qcow2", "capacity": "20G"},
+        {"name": "w2.qcow2", "pool": "lab", "backing": "/b/ml.qcow2", "capacity": "10G"}]
+    with pytest.raises(AnsibleFilterError, match="VM 0 .* has no name"):
+        guest_volumes([{"disk": "1G"}], "lab", "/b", "1G")
+
+
+def test_list_modules_are_in_the_libvirt_group():
+    runtime = yaml.safe_load((ROOT / "meta" / "runtime.yml").read_text())
+    assert {"networks", "pools", "volumes"} <= set(runtime["action_groups"]["libvirt"])
+    for plural in KINDS:
+        importlib.import_module("ansible_collections.mlinfra.kvm.plugins.modules." + plural)
+
+
+def test_an_object_removed_while_listed_is_left_out():
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import LibvirtCallError
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._resource_list import read_listed
+
+    def read(name):
+        if name == "gone":
+            raise LibvirtCallError("reading pool XML", 49, "Storage pool not found")
+        if name == "broken":
+            raise LibvirtCallError("reading pool XML", 1, "internal error")
+        return {"name": name}
+
+    assert read_listed(["a", "gone", "b"], read) == [{"name": "a"}, {"name": "b"}]
+    with pytest.raises(LibvirtCallError, match="internal error"):
+        read_listed(["a", "broken"], read)
