@@ -81,12 +81,11 @@ except ImportError:  # pragma: no cover - depends on the controller
     libvirt = None  # type: ignore
     HAS_LIBVIRT = False
 
+from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import lease_map, state_name
 from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import (
     read_interfaces, read_max_memory, read_memory, read_metadata, read_vcpus)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._xml import parse
-
-STATES = {0: "nostate", 1: "running", 2: "blocked", 3: "paused", 4: "shutdown", 5: "shutoff",
-          6: "crashed", 7: "pmsuspended"}
 _GROUP_RE = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -139,40 +138,26 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             flags = 0 if self.get_option("include_inactive") else libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE
             # One call for all domains and their states.
             stats = conn.getAllDomainStats(libvirt.VIR_DOMAIN_STATS_STATE, flags)
-            leases = self.leases(conn)
+            leases = lease_map(conn)
             out = []
             for dom, values in stats:
                 name = dom.name()  # cached in the object: no round trip
                 if pattern is not None and not pattern.search(name):
                     continue
                 root = parse(dom.XMLDesc(0))
-                out.append(self.describe(uri, dom, root, STATES.get(values.get("state.state"), "unknown"), leases))
+                out.append(self.describe(uri, dom, root, state_name(values.get("state.state")), leases))
             return out
-        except libvirt.libvirtError as exc:
+        except (libvirt.libvirtError, KvmError) as exc:
             raise AnsibleError("mlinfra.kvm.libvirt: listing %s failed: %s" % (uri, exc))
         finally:
             conn.close()
-
-    @staticmethod
-    def leases(conn: Any) -> Dict[str, List[Dict[str, Any]]]:
-        found: Dict[str, List[Dict[str, Any]]] = {}
-        for net in conn.listAllNetworks(libvirt.VIR_CONNECT_LIST_NETWORKS_ACTIVE):
-            try:
-                net_leases = net.DHCPLeases()
-            except libvirt.libvirtError:
-                continue
-            for lease in net_leases or []:
-                found.setdefault((lease.get("mac") or "").lower(), []).append(
-                    {"address": lease.get("ipaddr"), "type": lease.get("type"), "network": net.name()})
-        return found
 
     @staticmethod
     def describe(uri: str, dom: Any, root: Any, state: str, leases: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
         interfaces = []
         address = None
         for iface in read_interfaces(root):
-            ips = [l["address"] for l in leases.get(iface["mac"] or "", [])
-                   if l["type"] == libvirt.VIR_IP_ADDR_TYPE_IPV4]
+            ips = [lease["address"] for lease in leases.get(iface["mac"] or "", []) if lease["type"] == "ipv4"]
             interfaces.append(dict(iface, ip_addresses=ips))
             if address is None and ips:
                 address = ips[0]

@@ -28,13 +28,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _xml as X
 from ._errors import InvalidInputError
+from ._domain_service import state_name
 from ._libvirt import call, libvirt, lookup
 
 METADATA_MARKER = "-- mlinfra.kvm metadata --"
 
-# virDomainState numbers -> names used in results.
-DOMAIN_STATES = {0: "nostate", 1: "running", 2: "blocked", 3: "paused", 4: "shutdown", 5: "shutoff",
-                 6: "crashed", 7: "pmsuspended"}
 
 
 def encode_description(description: Optional[str], metadata: Dict[str, str]) -> str:
@@ -168,7 +166,7 @@ class SnapshotService:
 
     def domain_state(self, dom: Any) -> str:
         state = call("reading the state of domain %s" % dom.name(), dom.state)[0]
-        return DOMAIN_STATES.get(state, str(state))
+        return state_name(state)
 
     def domain_xml(self, dom: Any) -> str:
         # The inactive definition lists every configured disk and hostdev.
