@@ -27,12 +27,11 @@ import json
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _xml as X
-from ._errors import InvalidInputError
 from ._domain_service import state_name
+from ._errors import InvalidInputError
 from ._libvirt import call, libvirt, lookup
 
 METADATA_MARKER = "-- mlinfra.kvm metadata --"
-
 
 
 def encode_description(description: Optional[str], metadata: Dict[str, str]) -> str:
