@@ -114,3 +114,22 @@ def test_an_object_removed_while_listed_is_left_out():
     assert read_listed(["a", "gone", "b"], read) == [{"name": "a"}, {"name": "b"}]
     with pytest.raises(LibvirtCallError, match="internal error"):
         read_listed(["a", "broken"], read)
+
+
+@pytest.mark.parametrize("args", [
+    {"config": "mlinfra-lab"},
+    {"config": ["mlinfra-lab"]},
+    {"config": [{"name": "a", "hosts": "52:54:00:00:00:01"}]},
+    {"config": [{"name": "a", "dhcp_range": {"start": "10.0.0.2"}}]},
+    {"config": [{"name": "a", "mtu": "big"}]},
+    {"config": [{"name": "a", "color": "blue"}]},
+    {"config": [{"name": "a\nb", "address": "10.9.0.1", "prefix": 24}], "state": "rendered"},
+    {"config": [{"name": "a", "address": "10.9.0.300", "prefix": 24}], "state": "rendered"},
+    {"config": [], "scope": {"name_prefix": None}, "state": "deleted"},
+    {"config": [], "scope": "mlinfra-", "state": "deleted"},
+    {"state": "sideways"},
+])
+def test_malformed_input_is_an_error_never_a_traceback(args):
+    result = run_module_process("networks", dict(args, uri=NO_LIBVIRT))
+    assert result["failed"] and not result.get("changed"), result
+    assert result["msg"] and "Traceback" not in str(result), result
