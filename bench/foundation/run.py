@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,11 +52,15 @@ def play(venv: Path, playbook: str, extra: dict) -> float:
     env["ANSIBLE_COLLECTIONS_PATH"] = str(ROOT / "collections")
     env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
     env.pop("PYTHONPATH", None)
-    cmd = [str(venv / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(HERE / playbook),
-           "-e", json.dumps(dict(extra, ansible_python_interpreter=str(venv / "bin" / "python")))]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(HERE), check=False)
-    elapsed = time.monotonic() - start
+    # The variables go in a file: at 10x scale the lists are longer than a command line may be.
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="mlkvm-bench-vars-") as evars:
+        json.dump(dict(extra, ansible_python_interpreter=str(venv / "bin" / "python")), evars)
+        evars.flush()
+        cmd = [str(venv / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(HERE / playbook),
+               "-e", "@" + evars.name]
+        start = time.monotonic()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(HERE), check=False)
+        elapsed = time.monotonic() - start
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-3000:])
         raise SystemExit("%s failed (rc=%d)" % (playbook, proc.returncode))

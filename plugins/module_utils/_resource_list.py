@@ -283,7 +283,7 @@ class ListRun:
             err.details.setdefault("changed", bool(err.details.get("changed")))
             return
         err.details["changed"] = True
-        err.details["results"] = {key: self.item_result(result) for key, result in done}
+        err.details["objects"] = {key: self.item_result(result) for key, result in done}
         err.msg = "%s (already done, before it: %s)" % (err.msg, "; ".join(
             "%s: %s" % (key, ", ".join(result.get("actions", []))) for key, result in done if result.get("changed")))
 
@@ -295,7 +295,7 @@ class ListRun:
         changed = [(key, result) for key, result in done if result.get("changed")]
         out: Dict[str, Any] = {
             "changed": bool(changed),
-            "results": {key: self.item_result(result) for key, result in done},
+            "objects": {key: self.item_result(result) for key, result in done},
             "actions": ["%s: %s" % (key, action) for key, result in changed for action in result.get("actions", [])],
         }
         if self.module._diff:

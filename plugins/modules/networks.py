@@ -224,10 +224,11 @@ EXAMPLES = r'''
 '''
 
 RETURN = r'''
-results:
+objects:
   description:
     - Per network, keyed by name, what M(mlinfra.kvm.network) would return for it (without its XML
       and diff) - C(changed), C(actions), C(network), C(restart_required), C(pending).
+    - Named C(objects), not C(results), which Ansible keeps for the results of a loop.
   returned: unless state is gathered or rendered
   type: dict
   sample: {"mlinfra-lab": {"changed": false, "actions": [], "restart_required": false, "pending": []}}

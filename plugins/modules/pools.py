@@ -190,10 +190,11 @@ EXAMPLES = r'''
 '''
 
 RETURN = r'''
-results:
+objects:
   description:
     - Per pool, keyed by name, what M(mlinfra.kvm.pool) would return for it (without its XML
       and diff) - C(changed), C(actions), C(pool), C(purged).
+    - Named C(objects), not C(results), which Ansible keeps for the results of a loop.
   returned: unless state is gathered or rendered
   type: dict
   sample: {"mlinfra-lab": {"changed": true, "actions": ["define", "build", "start", "autostart on"]}}

@@ -157,10 +157,11 @@ EXAMPLES = r'''
 '''
 
 RETURN = r'''
-results:
+objects:
   description:
     - Per volume, keyed by POOL/NAME key, what M(mlinfra.kvm.volume) would return for it (without its XML
       and diff) - C(changed), C(actions), C(volume), C(users) for a removal.
+    - Named C(objects), not C(results), which Ansible keeps for the results of a loop.
   returned: unless state is gathered or rendered
   type: dict
   sample: {"mlinfra-lab/worker-1.qcow2": {"changed": false, "actions": []}}

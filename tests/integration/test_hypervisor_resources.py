@@ -32,6 +32,8 @@ def play(tmp_path: Path, evars: Dict[str, Any], check: bool = False) -> Dict[str
            "-e", json.dumps(evars)] + (["--check", "--diff"] if check else ["--diff"])
     proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    # A module return Ansible has to rename (a "results" that is not a loop's) warns on every run.
+    assert "[WARNING]" not in proc.stdout + proc.stderr, proc.stdout[-4000:] + proc.stderr[-2000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("localhost")][-1]
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
 

@@ -70,7 +70,7 @@ def pool_items(pools: Dict[str, str]) -> List[Dict]:
 
 def test_pools_then_volumes_four_ways_one_call_each(pools, libvirt_cleanup):
     pool_results = four_ways("pools", {"uri": URI, "config": pool_items(pools)})
-    assert sorted(pool_results["apply"]["results"]) == sorted(pools)
+    assert sorted(pool_results["apply"]["objects"]) == sorted(pools)
     assert pool_results["check"]["actions"] == pool_results["apply"]["actions"]
     assert sorted(pools)[0] + ": define" in pool_results["apply"]["actions"]
     first, second = sorted(pools)
@@ -78,7 +78,7 @@ def test_pools_then_volumes_four_ways_one_call_each(pools, libvirt_cleanup):
                {"pool": second, "name": "b.raw", "capacity": "32M", "format": "raw"}]
     vol_results = four_ways("volumes", {"uri": URI, "config": volumes})
     assert vol_results["apply"]["actions"] == ["%s/a.qcow2: create" % first, "%s/b.raw: create" % second]
-    assert vol_results["apply_again"]["results"]["%s/b.raw" % second]["volume"]["format"] == "raw"
+    assert vol_results["apply_again"]["objects"]["%s/b.raw" % second]["volume"]["format"] == "raw"
     assert volume_names(first) == ["a.qcow2"] and volume_names(second) == ["b.raw"]
     # The diff names each object that changes, with the single module's before and after.
     assert vol_results["check"]["diff"]["after"]["%s/a.qcow2" % first]["state"] == "present"
@@ -94,10 +94,10 @@ def test_mixed_network_list_new_changed_unchanged(libvirt_cleanup, run_module):
     host = {"mac": "52:54:00:10:20:30", "ip": b + ".50", "name": "w1"}
     results = four_ways("networks", {"uri": URI, "config": [kept, dict(grown, hosts=[host]), new]})
     apply = results["apply"]
-    assert apply["results"][kept["name"]]["changed"] is False
-    assert apply["results"][grown["name"]]["actions"] == ["live add DHCP host 52:54:00:10:20:30"]
-    assert apply["results"][grown["name"]]["restart_required"] is False  # hosts change live
-    assert apply["results"][new["name"]]["network"]["state"] == "active"
+    assert apply["objects"][kept["name"]]["changed"] is False
+    assert apply["objects"][grown["name"]]["actions"] == ["live add DHCP host 52:54:00:10:20:30"]
+    assert apply["objects"][grown["name"]]["restart_required"] is False  # hosts change live
+    assert apply["objects"][new["name"]]["network"]["state"] == "active"
     assert "mac='52:54:00:10:20:30'" in network_xml(grown["name"])
     assert sorted(results["check"]["diff"]["after"]) == sorted([grown["name"], new["name"]])
 
@@ -109,9 +109,9 @@ def test_merged_keeps_what_an_item_leaves_out_replaced_restores_defaults(libvirt
         {"name": name, "mode": "isolated", "address": a + ".1", "prefix": 24, "state": "present"}]})["changed"]
     # merged: the item names only autostart; mode stays isolated (the single module's default is nat).
     merged = four_ways("networks", {"uri": URI, "config": [{"name": name, "autostart": True}]})
-    assert merged["apply"]["results"][name]["network"]["mode"] == "isolated"
-    assert merged["apply"]["results"][name]["network"]["autostart"] is True
-    assert merged["apply"]["results"][name]["network"]["state"] == "inactive"  # state kept too
+    assert merged["apply"]["objects"][name]["network"]["mode"] == "isolated"
+    assert merged["apply"]["objects"][name]["network"]["autostart"] is True
+    assert merged["apply"]["objects"][name]["network"]["state"] == "inactive"  # state kept too
     # replaced: what the item leaves out goes back to the single module's defaults (mode nat,
     # state active).
     replaced = run_module("networks", {"uri": URI, "state": "replaced", "config": [
@@ -166,7 +166,7 @@ def test_overridden_refuses_a_volume_in_use_and_changes_nothing(pools, libvirt_c
     forced = run_module("volumes", dict(args, force=True))
     assert forced["changed"] and not forced["failed"], forced
     assert volume_names(first) == ["keep.qcow2"]
-    assert forced["results"][first + "/used.qcow2"]["users"] == ["domain %sdom (disk)" % libvirt_cleanup]
+    assert forced["objects"][first + "/used.qcow2"]["users"] == ["domain %sdom (disk)" % libvirt_cleanup]
 
 
 def test_bad_item_in_the_middle_changes_nothing(pools, run_module):
@@ -217,5 +217,5 @@ def test_gathered_fed_back_changes_nothing(pools, libvirt_cleanup, run_module):
 def test_deleted_by_scope_four_ways(pools, libvirt_cleanup):
     four_ways("pools", {"uri": URI, "config": pool_items(pools)})
     results = four_ways("pools", {"uri": URI, "state": "deleted", "config": [], "scope": {"name_prefix": libvirt_cleanup}})
-    assert sorted(results["apply"]["results"]) == sorted(pools)
+    assert sorted(results["apply"]["objects"]) == sorted(pools)
     assert names("pool", libvirt_cleanup) == []
