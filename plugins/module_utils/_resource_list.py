@@ -148,6 +148,7 @@ class ListRun:
         self.params = module.params
         self.state = module.params["state"]
         self.command_cache: Dict[Tuple[str, ...], Tuple[int, str, str]] = {}
+        self.validator = ArgumentSpecValidator(kind.single_spec, mutually_exclusive=kind.mutually_exclusive)
 
     # -- input --------------------------------------------------------------------------------
     def given_items(self) -> List[Dict[str, Any]]:
@@ -163,15 +164,18 @@ class ListRun:
         raw = dict(base or {})
         raw.update(given)
         raw.setdefault("state", self.kind.item_states[0])
-        raw["uri"] = self.params["uri"]
-        result = ArgumentSpecValidator(self.kind.single_spec, mutually_exclusive=self.kind.mutually_exclusive
-                                       ).validate(raw)
-        if result.error_messages:
-            raise InvalidInputError(self.label(index, given), given, result.error_messages[0],
-                                    "fix the item as mlinfra.kvm.%s documents the option" % self.kind.kind)
-        params = result.validated_parameters
+        params = self.validated(raw, self.label(index, given), given)
         self.precheck(index, given, params)
         return params
+
+    def validated(self, raw: Dict[str, Any], label: str, given: Dict[str, Any]) -> Dict[str, Any]:
+        """raw checked against the single module's argument spec, its defaults filled in."""
+        raw["uri"] = self.params["uri"]
+        result = self.validator.validate(raw)
+        if result.error_messages:
+            raise InvalidInputError(label, given, result.error_messages[0],
+                                    "fix the item as mlinfra.kvm.%s documents the option" % self.kind.kind)
+        return result.validated_parameters
 
     def precheck(self, index: int, given: Dict[str, Any], params: Dict[str, Any]) -> None:
         try:
@@ -223,8 +227,10 @@ class ListRun:
         return bool(scope) and self.kind.key(current).startswith(scope["name_prefix"])
 
     # -- plan -----------------------------------------------------------------------------------
-    def plan(self, conn: Any, given: List[Dict[str, Any]]) -> List[Tuple[str, Dict[str, Any]]]:
-        """(label, single-module params) for every object this call touches, in order."""
+    def plan(self, conn: Any, given: List[Dict[str, Any]],
+             prepared: Dict[int, Dict[str, Any]]) -> List[Tuple[str, Dict[str, Any]]]:
+        """(label, single-module params) for every object this call touches, in order;
+        ``prepared``: the items already completed before libvirt was contacted, by index."""
         current = {self.kind.key(c): c for c in self.kind.gather(conn)} \
             if self.state in ("merged", "overridden", "deleted") else {}
         steps: List[Tuple[str, Dict[str, Any]]] = []
@@ -236,9 +242,10 @@ class ListRun:
         for index, item in enumerate(given):
             if item.get("state") == "absent":
                 steps.append((self.label(index, item), self.deletion(item)))
-                continue
-            base = current.get(self.kind.key(item)) if self.state == "merged" else None
-            steps.append((self.label(index, item), self.completed(index, item, base)))
+            elif index in prepared:
+                steps.append((self.label(index, item), prepared[index]))
+            else:  # merged: completed against the object as it is now
+                steps.append((self.label(index, item), self.completed(index, item, current.get(self.kind.key(item)))))
         if self.state == "overridden":
             listed = {self.kind.key(item) for item in given}
             for key, obj in sorted(current.items()):
@@ -251,12 +258,8 @@ class ListRun:
         for option in self.kind.delete_options:
             raw[option] = item.get(option, self.params.get("force") if option == "force" else None)
         raw = {k: v for k, v in raw.items() if v is not None}
-        raw.update(state="absent", uri=self.params["uri"])
-        result = ArgumentSpecValidator(self.kind.single_spec, mutually_exclusive=self.kind.mutually_exclusive
-                                       ).validate(raw)
-        if result.error_messages:
-            raise InvalidInputError("config", raw, result.error_messages[0], "fix the item")
-        return result.validated_parameters
+        raw["state"] = "absent"
+        return self.validated(raw, "config", raw)
 
     # -- apply ----------------------------------------------------------------------------------
     def apply(self, conn: Any, local: bool, steps: List[Tuple[str, Dict[str, Any]]],
@@ -310,18 +313,19 @@ class ListRun:
         self.check_scope(given)
         if self.state == "rendered":
             return {"changed": False, "rendered": self.rendered(given)}
-        if self.state not in ("gathered", "deleted"):
-            # Bad input fails before libvirt is contacted (merged completes against libvirt later).
-            for index, item in enumerate(given):
-                if self.state != "merged" and item.get("state") != "absent":
-                    self.completed(index, item)
+        # Bad input fails before libvirt is contacted; merged items are completed against the
+        # objects as they are, in plan().
+        prepared: Dict[int, Dict[str, Any]] = {}
+        if self.state in ("replaced", "overridden"):
+            prepared = {index: self.completed(index, item) for index, item in enumerate(given)
+                        if item.get("state") != "absent"}
         with Connection(self.params["uri"]) as connection:
             conn = connection.conn
             if self.state == "gathered":
                 found = [c for c in self.kind.gather(conn) if not self.params["scope"] or self.in_scope(c)]
                 return {"changed": False, "gathered": found}
             local = is_local(connection.uri)
-            steps = self.plan(conn, given)
+            steps = self.plan(conn, given, prepared)
             predicted = self.apply(conn, local, steps, check=True)
             if self.module.check_mode or not any(result.get("changed") for _key, result in predicted):
                 # Nothing to change: the check pass read everything a real pass would report.
