@@ -1,5 +1,5 @@
-"""Write the `config` suboptions of the resource-list modules (networks, pools, volumes) from the
-docs of their single-object modules (network, pool, volume), so that an option is documented
+"""Write the `config` suboptions of the resource-list modules (networks, pools, volumes, domains)
+from the docs of their single-object modules (network, pool, volume, domain), so that an option is documented
 once. tests/unit/test_resource_list.py fails when the two drift apart; run this after changing
 a single-object module's options:
 
@@ -17,7 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES = ROOT / "plugins" / "modules"
 KINDS = {"networks": ("network", ("name",), ["active", "present"]),
          "pools": ("pool", ("name",), ["active", "present"]),
-         "volumes": ("volume", ("pool", "name"), ["present"])}
+         "volumes": ("volume", ("pool", "name"), ["present"]),
+         "domains": ("domain", ("name",), ["present", "running", "paused", "shutdown", "destroyed"])}
+STATE_LINES = {
+    ("active", "present"): "V(active) defines and starts the object, V(present) defines it without changing whether it runs.",
+    ("present", "running", "paused", "shutdown", "destroyed"):
+        "V(present) defines the domain without changing whether it runs; V(running), V(paused), V(shutdown) and "
+        "V(destroyed) also bring it to that run state, as M(mlinfra.kvm.domain) does.",
+}
 BEGIN, END = "    # BEGIN generated config suboptions\n", "    # END generated config suboptions\n"
 
 
@@ -38,16 +45,29 @@ def item_options(single: str, keys: tuple, states: list) -> dict:
         lines = [relink(line, single, names) for line in lines]
         if option == "state":
             desc["choices"] = states + ["absent"]
-            lines = ([] if states == ["present"] else
-                     ["V(active) defines and starts the object, V(present) defines it without changing whether it runs."]) + [
+            lines = ([STATE_LINES[tuple(states)]] if tuple(states) in STATE_LINES else []) + [
                 "V(absent) removes it, with the same guards as M(mlinfra.kvm.%s), whatever the list's O(state) "
                 "(with O(state=deleted) every listed object is removed)." % single]
         if default not in (None, [], False) or (default is False and option not in ("force",)):
             lines = lines + ["When the item does not set it: V(%s) (replaced, overridden, and a new object in merged; "
                              "merged keeps an existing object's value)." % (str(default).lower() if isinstance(default, bool) else default)]
         desc["description"] = lines
+        if "suboptions" in desc:
+            desc["suboptions"] = relink_suboptions(desc["suboptions"], single, names)
         if option in keys:
             desc["required"] = True
+        out[option] = desc
+    return out
+
+
+def relink_suboptions(suboptions: dict, single: str, names: set) -> dict:
+    out = {}
+    for option, desc in suboptions.items():
+        desc = dict(desc)
+        lines = desc["description"] if isinstance(desc["description"], list) else [desc["description"]]
+        desc["description"] = [relink(line, single, names) for line in lines]
+        if "suboptions" in desc:
+            desc["suboptions"] = relink_suboptions(desc["suboptions"], single, names)
         out[option] = desc
     return out
 
@@ -56,9 +76,9 @@ def relink(text: str, single: str, options: dict) -> str:
     """Markup that named the single module's options and return values, relinked for an item:
     O(x) -> O(config[].x), RV(x) -> RV(mlinfra.kvm.single#module:x)."""
     def option(match: "re.Match") -> str:
-        name = match.group(1).split("=", 1)[0].split(".", 1)[0]
+        name = match.group(1).split("=", 1)[0].split(".", 1)[0].split("[", 1)[0]
         return "O(config[].%s)" % match.group(1) if name in options else match.group(0)
-    text = re.sub(r"O\(([a-z_][a-z_0-9.]*(?:=[^)]*)?)\)", option, text)
+    text = re.sub(r"O\(([a-z_][a-z_0-9.\[\]]*(?:=[^)]*)?)\)", option, text)
     return re.sub(r"RV\(([a-z_][^)#]*)\)", r"RV(mlinfra.kvm.%s#module:\1)" % single, text)
 
 

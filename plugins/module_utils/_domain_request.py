@@ -153,8 +153,9 @@ class DomainRequest:
         d = self.desired
         if d.get("memory_kib") is None or d.get("vcpus") is None:
             missing = "memory" if d.get("memory_kib") is None else "vcpus"
-            raise InvalidInputError(missing, None, "is required to define domain %s, which does not "
-                                    "exist yet" % self.name, "set memory and vcpus")
+            why = ("to declare the whole domain %s (state replaced or overridden)" % self.name
+                   if self.existing is not None else "to define domain %s, which does not exist yet" % self.name)
+            raise InvalidInputError(missing, None, "is required %s" % why, "set memory and vcpus")
         d.setdefault("virt_type", "kvm" if self.service.kvm_available() else "qemu")
         d.setdefault("machine", "q35")
         d.setdefault("arch", "x86_64")
@@ -171,6 +172,20 @@ class DomainRequest:
         d.setdefault("rng", True)
         d.setdefault("guest_agent", True)
         self._check_limits(d["memory_kib"], d["max_memory_kib"], d["vcpus"], d["max_vcpus"])
+
+    def replacement_defaults(self) -> None:
+        """What a request that declares the whole domain means by leaving an option out: no
+        such devices, no metadata or description, no pinning, hugepages or hidden hypervisor.
+        The scalar options fall back to creation_defaults (a new domain's values)."""
+        d = self.desired
+        for option in ("disks", "cdroms", "interfaces", "hostdevs"):
+            d.setdefault(option, [])
+        d.setdefault("metadata", {})
+        d.setdefault("description", None)
+        d.setdefault("memballoon", True)
+        d.setdefault("cputune", {"vcpupin": [], "emulatorpin": None})
+        d.setdefault("hugepages", {"enabled": False, "page_size_kib": None})
+        d.setdefault("hide_hypervisor", {"kvm_hidden": False, "vendor_id": None})
 
     # ------------------------------------------------------------------ parts
     def _memory_and_vcpus(self) -> None:

@@ -699,6 +699,10 @@ WRITE_ORDER = list(FIELDS)
 def field_matches(name: str, wanted: Any, actual: Any) -> bool:
     if name == "machine":
         return machine_matches(wanted, actual)
+    if name == "metadata":
+        # Replaced as a whole (as documented), so a key the request drops is a difference; its
+        # values are never None, so "only the keys the request sets" does not apply.
+        return wanted == actual
     return _subset_equal(wanted, actual)
 
 

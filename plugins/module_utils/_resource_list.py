@@ -5,7 +5,7 @@
 
 The states are those of Ansible's network resource modules (ansible.netcommon): merged,
 replaced, overridden, deleted, gathered, rendered. Each object goes through the same runner
-as its single-object module (``run_network``, ``run_pool``, ``run_volume``), fed an
+as its single-object module (``run_network``, ``run_pool``, ``run_volume``, ``run_domain``), fed an
 ``ItemModule`` in place of the AnsibleModule, on one libvirt connection: the single-object
 module's validation, guards, check mode and diff hold item by item, and the cost of a call is
 one module process however many objects it lists (a loop over the single-object module pays
@@ -32,9 +32,9 @@ STATES = ("merged", "replaced", "overridden", "deleted", "gathered", "rendered")
 READ_ONLY_COMMANDS = (("ip", "-j", "-4", "addr", "show"), ("qemu-img", "info"))
 
 
-# libvirt's "no such network / pool / volume": an object removed (by someone else) between the
-# listing and the read of it.
-VANISHED_CODES = (43, 49, 50)
+# libvirt's "no such domain / network / pool / volume": an object removed (by someone else)
+# between the listing and the read of it.
+VANISHED_CODES = (42, 43, 49, 50)
 
 
 def read_listed(objects: List[Any], read: Callable[[Any], Optional[Dict[str, Any]]]) -> List[Dict[str, Any]]:
@@ -67,7 +67,10 @@ class ResourceKind:
                  precheck: Callable[[Dict[str, Any]], None],
                  key_fields: Tuple[str, ...] = ("name",),
                  item_states: Tuple[str, ...] = ("present",),
-                 delete_options: Tuple[str, ...] = ("force",)) -> None:
+                 delete_options: Tuple[str, ...] = ("force",),
+                 apply_replaced: Optional[Callable[[Any, Any, bool], Dict[str, Any]]] = None,
+                 merge_onto_current: bool = True,
+                 required_when_replaced: Tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.single_spec = single_spec
         self.mutually_exclusive = mutually_exclusive
@@ -81,6 +84,13 @@ class ResourceKind:
         # list state that makes objects (merged, replaced, overridden).
         self.item_states = item_states
         self.delete_options = delete_options
+        # replaced/overridden items, when the runner itself must know that the item declares
+        # the whole object (a domain: its unset options are not "defaults" of the argument spec).
+        self.apply_replaced = apply_replaced or apply
+        # merged: an item's unset options keep the object's current values, by completing the
+        # item with its gathered form (False: the single module already leaves them alone).
+        self.merge_onto_current = merge_onto_current
+        self.required_when_replaced = required_when_replaced
 
     def key(self, item: Dict[str, Any]) -> str:
         return "/".join(str(item.get(f)) for f in self.key_fields)
@@ -164,6 +174,13 @@ class ListRun:
         raw = dict(base or {})
         raw.update(given)
         raw.setdefault("state", self.kind.item_states[0])
+        if self.state in ("replaced", "overridden"):
+            for option in self.kind.required_when_replaced:
+                if raw.get(option) is None:
+                    raise InvalidInputError("%s.%s" % (self.label(index, given), option), None,
+                                            "is required with state: %s (the item declares the whole %s)"
+                                            % (self.state, self.kind.kind),
+                                            "set it, or use state: merged to change only what the item sets")
         params = self.validated(raw, self.label(index, given), given)
         self.precheck(index, given, params)
         return params
@@ -231,8 +248,8 @@ class ListRun:
              prepared: Dict[int, Dict[str, Any]]) -> List[Tuple[str, Dict[str, Any]]]:
         """(label, single-module params) for every object this call touches, in order;
         ``prepared``: the items already completed before libvirt was contacted, by index."""
-        current = {self.kind.key(c): c for c in self.kind.gather(conn)} \
-            if self.state in ("merged", "overridden", "deleted") else {}
+        reads = ("merged", "overridden", "deleted") if self.kind.merge_onto_current else ("overridden", "deleted")
+        current = {self.kind.key(c): c for c in self.kind.gather(conn)} if self.state in reads else {}
         steps: List[Tuple[str, Dict[str, Any]]] = []
         if self.state == "deleted":
             targets = given if given else [c for c in current.values() if self.in_scope(c)]
@@ -265,10 +282,11 @@ class ListRun:
     def apply(self, conn: Any, local: bool, steps: List[Tuple[str, Dict[str, Any]]],
               check: bool) -> List[Tuple[str, Dict[str, Any]]]:
         done: List[Tuple[str, Dict[str, Any]]] = []
+        apply = self.kind.apply_replaced if self.state in ("replaced", "overridden") else self.kind.apply
         for label, params in steps:
             item = ItemModule(self.module, params, check, label, self.command_cache)
             try:
-                result = self.kind.apply(item, conn, local)
+                result = apply(item, conn, local)
             except KvmError as err:
                 self.report_partial(err, label, done, check)
                 raise

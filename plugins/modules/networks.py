@@ -97,11 +97,13 @@ options:
         type: dict
         suboptions:
           start:
-            description: First address.
+            description:
+            - First address.
             type: str
             required: true
           end:
-            description: Last address.
+            description:
+            - Last address.
             type: str
             required: true
       hosts:
@@ -112,15 +114,18 @@ options:
         elements: dict
         suboptions:
           mac:
-            description: MAC address of the guest interface.
+            description:
+            - MAC address of the guest interface.
             type: str
             required: true
           ip:
-            description: Address to hand out; inside the network.
+            description:
+            - Address to hand out; inside the network.
             type: str
             required: true
           name:
-            description: Host name handed out with the lease.
+            description:
+            - Host name handed out with the lease.
             type: str
       dns_hosts:
         description:
@@ -130,11 +135,13 @@ options:
         elements: dict
         suboptions:
           ip:
-            description: Address.
+            description:
+            - Address.
             type: str
             required: true
           hostnames:
-            description: Names for it (non-empty, at most 253 characters, no empty labels).
+            description:
+            - Names for it (non-empty, at most 253 characters, no empty labels).
             type: list
             elements: str
             required: true

@@ -442,7 +442,7 @@ class RecordingService(FakeService):
 
 class FakeModule:
     def __init__(self, params: Dict[str, Any], check: bool = False) -> None:
-        from ansible_collections.mlinfra.kvm.plugins.modules.domain import argument_spec
+        from ansible_collections.mlinfra.kvm.plugins.module_utils._domain import argument_spec
         self.params = {k: v.get("default") for k, v in argument_spec().items()}
         self.params.update(params)
         self.check_mode = check
@@ -450,7 +450,7 @@ class FakeModule:
 
 
 def run_domain(service, check=False, **params):
-    from ansible_collections.mlinfra.kvm.plugins.modules.domain import DomainRunner
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._domain import DomainRunner
     params.setdefault("name", "vm1")
     params.setdefault("sysfs_root", service.sysfs_root)
     return DomainRunner(FakeModule(params, check), service).run()
@@ -531,3 +531,11 @@ def test_running_domain_memory_above_maximum_is_refused_by_the_runner(running):
         run_domain(running, memory="512M")
     assert "next restart" in err.value.msg
     assert [c for c in running.calls if c[0] in ("define", "set_memory")] == []
+
+
+def test_metadata_is_compared_whole():
+    """metadata is replaced as a whole (as documented): a key the request drops is a difference,
+    and an empty dict removes every key (they once compared as a subset, and reported ok)."""
+    assert S.field_matches("metadata", {"role": "worker"}, {"role": "worker"})
+    assert not S.field_matches("metadata", {"role": "worker"}, {"role": "worker", "team": "nlp"})
+    assert not S.field_matches("metadata", {}, {"role": "worker"})

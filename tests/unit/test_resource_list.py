@@ -10,17 +10,18 @@ import sys
 
 import pytest
 import yaml
+from lxml import etree
 from ansible.errors import AnsibleFilterError
 
 from conftest import ROOT, run_module_process
 from ansible_collections.mlinfra.kvm.plugins.filter.guest import guest_volumes
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _network, _pool, _volume
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _domain, _network, _pool, _volume
 from ansible_collections.mlinfra.kvm.plugins.module_utils._resource_list import list_argument_spec
 
 pytestmark = pytest.mark.unit
 # A URI whose connection fails at once, here: a call that must not connect proves it did not.
 NO_LIBVIRT = "qemu+unix:///system?socket=/nonexistent/mlinfra-no-libvirtd"
-KINDS = {"networks": _network, "pools": _pool, "volumes": _volume}
+KINDS = {"networks": _network, "pools": _pool, "volumes": _volume, "domains": _domain}
 
 
 def doc_options(module: str) -> dict:
@@ -66,6 +67,22 @@ def test_rendered_never_connects():
     assert missing["failed"] and missing["msg"].startswith("config[0] (p/d.qcow2): option capacity"), missing
 
 
+def test_rendered_domains_never_connect():
+    result = run_module_process("domains", {"uri": NO_LIBVIRT, "state": "rendered", "config": [
+        {"name": "w1", "virt_type": "qemu", "memory": "2G", "vcpus": 2, "disks": [{"pool": "lab", "volume": "w1.qcow2"}],
+         "interfaces": [{"network": "lab"}], "metadata": {"role": "worker"}}]})
+    assert not result["failed"], result
+    root = etree.fromstring(result["rendered"]["w1"].encode())
+    assert root.get("type") == "qemu" and root.findtext("memory") == str(2 * 1024 * 1024)
+    assert root.find("devices/disk/driver").get("type") == "qcow2"  # from the volume's name
+    assert root.find("devices/disk/source").attrib == {"pool": "lab", "volume": "w1.qcow2"}
+    assert root.find("devices/interface/source").get("network") == "lab"
+    gpu = run_module_process("domains", {"uri": NO_LIBVIRT, "state": "rendered", "config": [
+        {"name": "g1", "memory": "2G", "vcpus": 2, "hostdevs": [{"address": "0000:01:00.0"}]}]})
+    assert gpu["failed"] and gpu["msg"].startswith("config[0] (g1): option hostdevs"), gpu
+    assert "cannot be rendered" in gpu["msg"]
+
+
 @pytest.mark.parametrize("plural,args,expected", [
     ("networks", {"config": [{"name": "a", "mode": "tunnel"}]}, "value of mode must be one of"),
     ("networks", {"config": [{"name": "a"}, {"name": "a"}]}, "names the same network as config[0]"),
@@ -74,6 +91,9 @@ def test_rendered_never_connects():
     ("volumes", {"state": "replaced", "config": [{"pool": "p", "name": "x.mlinfra-partial", "capacity": "1G"}]},
      "ends with .mlinfra-partial"),
     ("volumes", {"state": "overridden", "config": []}, "option scope: value None is required with state: overridden"),
+    ("domains", {"state": "replaced", "config": [{"name": "a", "memory": "1G"}]},
+     "option config[0] (a).vcpus: value None is required with state: replaced"),
+    ("domains", {"config": [{"name": "a", "state": "rebooted"}]}, "value of state must be one of"),
     ("pools", {"state": "merged", "scope": {"name_prefix": "lab-"}, "config": [{"name": "other", "target": "/x"}]},
      "is outside scope.name_prefix lab-"),
 ])
@@ -95,7 +115,7 @@ def test_guest_volumes_filter():
 
 def test_list_modules_are_in_the_libvirt_group():
     runtime = yaml.safe_load((ROOT / "meta" / "runtime.yml").read_text())
-    assert {"networks", "pools", "volumes"} <= set(runtime["action_groups"]["libvirt"])
+    assert {"networks", "pools", "volumes", "domains"} <= set(runtime["action_groups"]["libvirt"])
     for plural in KINDS:
         importlib.import_module("ansible_collections.mlinfra.kvm.plugins.modules." + plural)
 
