@@ -533,6 +533,12 @@ class OfflineDomainService:
     def path_exists(self, path: str) -> Optional[bool]:
         return None
 
+    def pci(self) -> "OfflineDomainService":
+        return self  # an empty PCI source: render_domain refuses hostdevs before they are resolved
+
+    def devices(self) -> Dict[str, Any]:
+        return {}
+
 
 def render_domain(params: Dict[str, Any]) -> str:
     if params.get("hostdevs"):

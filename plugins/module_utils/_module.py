@@ -4,6 +4,7 @@
 """The glue every module's main() uses: build the AnsibleModule, run the runner, report."""
 from __future__ import annotations
 
+import traceback
 from typing import Any, Callable, Dict
 
 from ansible.module_utils.basic import AnsibleModule
@@ -17,5 +18,11 @@ def run(module: AnsibleModule, runner: Callable[[], Dict[str, Any]]) -> None:
         result = runner()
     except KvmError as err:
         fail_from_error(module, err)
+        return
+    except Exception as exc:  # pylint: disable=broad-except
+        # A bug: the user gets a message, not a traceback (Ansible shows ``exception`` with -vvv).
+        module.fail_json(msg="internal error in %s (a bug in mlinfra.kvm; report it with the -vvv output): %s: %s. "
+                         "Something may have changed before it: read the object's state before re-running"
+                         % (module._name, type(exc).__name__, exc), exception=traceback.format_exc())
         return
     module.exit_json(**result)

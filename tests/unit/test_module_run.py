@@ -1,0 +1,52 @@
+"""plugins/module_utils/_module.run: how every module ends."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+
+pytestmark = pytest.mark.unit
+
+
+class Ended(Exception):
+    pass
+
+
+class FakeModule:
+    _name = "mlinfra.kvm.example"
+
+    def __init__(self) -> None:
+        self.failed = None
+
+    def fail_json(self, **result):
+        self.failed = result
+        raise Ended()
+
+    def exit_json(self, **result):
+        raise AssertionError("exit_json called with %r" % result)
+
+
+def test_a_bug_is_a_message_naming_the_module_not_a_traceback():
+    module = FakeModule()
+
+    def runner():
+        return {}["missing"]
+
+    with pytest.raises(Ended):
+        run(module, runner)
+    assert module.failed["msg"].startswith("internal error in mlinfra.kvm.example (a bug in mlinfra.kvm"), module.failed
+    assert "KeyError: 'missing'" in module.failed["msg"]
+    assert "Traceback" in module.failed["exception"]  # for -vvv, never in msg
+    assert "Traceback" not in module.failed["msg"]
+
+
+def test_a_refusal_keeps_its_option_and_changed_false():
+    module = FakeModule()
+
+    def runner():
+        raise InvalidInputError("memory", "lots", "is not a size", "give 2G")
+
+    with pytest.raises(Ended):
+        run(module, runner)
+    assert module.failed["option"] == "memory" and module.failed["changed"] is False
