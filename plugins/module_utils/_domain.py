@@ -412,6 +412,9 @@ def argument_spec() -> Dict[str, Any]:
 def run_domain(module: AnsibleModule, conn: Any, local: bool, replace: bool = False) -> Dict[str, Any]:
     """One domain, on an open connection (mlinfra.kvm.domain, and each item of mlinfra.kvm.domains)."""
     service = DomainService(conn, module.params["uri"], module.params["sysfs_root"])
+    shared = getattr(module, "shared", None)  # a domains list: one PCI scan for the whole call
+    if shared is not None:
+        service.share_pci(shared.setdefault(("pci", module.params["sysfs_root"]), service.pci()))
     return DomainRunner(module, service, replace=replace).run()
 
 

@@ -458,6 +458,9 @@ class DomainRequest:
                 int_range(option + ".index", item.get("index") or 0, 0, 65535,
                           "counted from 0 among the matching devices")
                 parsed.append((option, item, None, selector))
+        if not parsed:  # no passthrough: the host's PCI devices are not read at all
+            self.desired["hostdevs"] = []
+            return
         pci = self.service.pci()
         devices = pci.devices()
         wanted: Dict[str, bool] = {}

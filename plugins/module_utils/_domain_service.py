@@ -97,6 +97,10 @@ class DomainService:
             self._pci = SysfsPci(self.sysfs_root) if is_local(self.uri) else NodeDevPci(self.conn)
         return self._pci
 
+    def share_pci(self, source: Any) -> None:
+        """Use a PCI source another item of the same list call has read (it keeps its scan)."""
+        self._pci = source
+
     def hostdevs_in_use(self, exclude_uuid: Optional[str]) -> Dict[str, str]:
         """PCI address -> name of the *running* domain (other than ours) that holds it."""
         used: Dict[str, str] = {}

@@ -126,11 +126,14 @@ def list_argument_spec(kind: ResourceKind) -> Dict[str, Any]:
 
 class ItemModule:
     """Stands in for the AnsibleModule of one object: its own params and check mode, the
-    list module's diff flag, warnings and command runner (read-only commands kept)."""
+    list module's diff flag, warnings and command runner (read-only commands kept), and
+    ``shared``: what a kind's runner keeps for the whole call (a domain list's PCI scan)."""
 
     def __init__(self, parent: AnsibleModule, params: Dict[str, Any], check_mode: bool, label: str,
-                 command_cache: Dict[Tuple[str, ...], Tuple[int, str, str]]) -> None:
+                 command_cache: Dict[Tuple[str, ...], Tuple[int, str, str]],
+                 shared: Optional[Dict[str, Any]] = None) -> None:
         self.params = params
+        self.shared = shared if shared is not None else {}
         self.check_mode = check_mode
         self._diff = parent._diff
         self._parent = parent
@@ -158,6 +161,7 @@ class ListRun:
         self.params = module.params
         self.state = module.params["state"]
         self.command_cache: Dict[Tuple[str, ...], Tuple[int, str, str]] = {}
+        self.shared: Dict[str, Any] = {}
         self.validator = ArgumentSpecValidator(kind.single_spec, mutually_exclusive=kind.mutually_exclusive)
 
     # -- input --------------------------------------------------------------------------------
@@ -284,7 +288,7 @@ class ListRun:
         done: List[Tuple[str, Dict[str, Any]]] = []
         apply = self.kind.apply_replaced if self.state in ("replaced", "overridden") else self.kind.apply
         for label, params in steps:
-            item = ItemModule(self.module, params, check, label, self.command_cache)
+            item = ItemModule(self.module, params, check, label, self.command_cache, self.shared)
             try:
                 result = apply(item, conn, local)
             except KvmError as err:

@@ -539,3 +539,31 @@ def test_metadata_is_compared_whole():
     assert S.field_matches("metadata", {"role": "worker"}, {"role": "worker"})
     assert not S.field_matches("metadata", {"role": "worker"}, {"role": "worker", "team": "nlp"})
     assert not S.field_matches("metadata", {}, {"role": "worker"})
+
+
+def test_a_domains_list_reads_the_host_pci_devices_once(tmp_path, monkeypatch):
+    """Items of one mlinfra.kvm.domains call share one PCI scan; an item without hostdevs
+    reads none. (test:///default stands in for libvirt; the devices are a synthetic sysfs.)"""
+    import libvirt
+    from ansible_collections.mlinfra.kvm.plugins.module_utils import _domain, _domain_pci
+    scans = []
+    real_devices = _domain_pci.SysfsPci.devices
+
+    def counting(self):
+        if self._cache is None:
+            scans.append(self.root)
+        return real_devices(self)
+
+    monkeypatch.setattr(_domain_pci.SysfsPci, "devices", counting)
+    sysfs = make_sysfs(str(tmp_path / "sys"), GPU_HOST)
+    conn = libvirt.open("test:///default")
+    shared: Dict[str, Any] = {}
+    try:
+        for index, hostdevs in enumerate(([], [{"address": "0000:01:00.0"}], [{"address": "0000:01:00.1"}])):
+            module = FakeModule({"name": "pci-share-%d" % index, "uri": "test:///default", "sysfs_root": sysfs,
+                                 "virt_type": "qemu", "memory": "64M", "vcpus": 1, "hostdevs": hostdevs}, check=True)
+            module.shared = shared
+            assert _domain.run_domain(module, conn, True)["changed"] is True
+            assert len(scans) == (0 if index == 0 else 1), scans
+    finally:
+        conn.close()
