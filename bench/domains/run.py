@@ -21,13 +21,15 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 RESULTS = ROOT / "bench" / "results"
+
+sys.path.insert(0, str(ROOT / "bench"))
+from playbook import play as run_playbook  # noqa: E402  (bench/ is not a package)
 PREFIX = "mlkvmbench-d-"
 NETWORK = PREFIX + "net"
 BENCH_DIR = Path("/var/tmp/mlkvm-bench-domains")
@@ -99,29 +101,7 @@ def domain_items(kind: str, count: int) -> list:
 
 
 def play(venv: Path, playbook: str, extra: dict, noop: bool = False) -> float:
-    env = dict(os.environ)
-    env["ANSIBLE_COLLECTIONS_PATH"] = str(ROOT / "collections")
-    env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
-    env.pop("PYTHONPATH", None)
-    # The variables go in a file (a list of hundreds of domains is long for a command line).
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="mlkvm-bench-vars-") as evars:
-        json.dump(dict(extra, ansible_python_interpreter=str(venv / "bin" / "python")), evars)
-        evars.flush()
-        cmd = [str(venv / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(HERE / playbook),
-               "-e", "@" + evars.name]
-        start = time.monotonic()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(HERE), check=False)
-        elapsed = time.monotonic() - start
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-3000:])
-        raise SystemExit("%s failed (rc=%d)" % (playbook, proc.returncode))
-    recap = [line for line in proc.stdout.splitlines() if line.startswith("localhost")]
-    print("  %-14s %6.1f s  %s" % (playbook, elapsed, recap[-1].split(":", 1)[1].strip() if recap else ""),
-          flush=True)
-    if noop and not (recap and " changed=0 " in recap[-1]):
-        # A re-run that changes something is not the no-op this benchmark times.
-        raise SystemExit("%s: the re-run changed something: %s" % (playbook, recap[-1] if recap else proc.stdout[-2000:]))
-    return elapsed
+    return run_playbook(venv, HERE / playbook, extra, noop)
 
 
 def define_for_inventory(conn, net, subnet, count: int) -> None:

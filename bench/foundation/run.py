@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 RESULTS = ROOT / "bench" / "results"
+
+sys.path.insert(0, str(ROOT / "bench"))
+from playbook import play as run_playbook  # noqa: E402  (bench/ is not a package)
 PREFIX = "mlkvmbench-"
 
 
@@ -47,26 +47,8 @@ def cleanup(bench_dir: Path) -> None:
     shutil.rmtree(bench_dir, ignore_errors=True)
 
 
-def play(venv: Path, playbook: str, extra: dict) -> float:
-    env = dict(os.environ)
-    env["ANSIBLE_COLLECTIONS_PATH"] = str(ROOT / "collections")
-    env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
-    env.pop("PYTHONPATH", None)
-    # The variables go in a file: at 10x scale the lists are longer than a command line may be.
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="mlkvm-bench-vars-") as evars:
-        json.dump(dict(extra, ansible_python_interpreter=str(venv / "bin" / "python")), evars)
-        evars.flush()
-        cmd = [str(venv / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(HERE / playbook),
-               "-e", "@" + evars.name]
-        start = time.monotonic()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(HERE), check=False)
-        elapsed = time.monotonic() - start
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-3000:])
-        raise SystemExit("%s failed (rc=%d)" % (playbook, proc.returncode))
-    recap = [line for line in proc.stdout.splitlines() if line.startswith("localhost")]
-    print("  %-14s %6.1f s  %s" % (playbook, elapsed, recap[-1].split(":", 1)[1].strip() if recap else ""))
-    return elapsed
+def play(venv: Path, playbook: str, extra: dict, noop: bool = False) -> float:
+    return run_playbook(venv, HERE / playbook, extra, noop)
 
 
 def list_items(extra: dict) -> dict:
@@ -102,7 +84,7 @@ def main() -> None:
         print("mlinfra.kvm resource lists: %d networks, %d pools, %d volumes (one call per kind)"
               % (len(lists["bench_network_items"]), len(lists["bench_pool_items"]), len(lists["bench_volume_items"])))
         l_first = play(venv, "lists.yml", lists)
-        l_second = play(venv, "lists.yml", lists)
+        l_second = play(venv, "lists.yml", lists, noop=True)
         l_pn = play(venv, "lists.yml", dict(lists, bench_volume_items=[]))
         if args.lists_only:
             result = {"networks": args.networks, "pools": args.pools,
@@ -117,10 +99,10 @@ def main() -> None:
         print("mlinfra.kvm: %(bench_networks)d networks, %(bench_pools)d pools, "
               "%(bench_volumes_per_pool)d volumes per pool" % extra)
         m_first = play(venv, "mlinfra.yml", extra)
-        m_second = play(venv, "mlinfra.yml", extra)
+        m_second = play(venv, "mlinfra.yml", extra, noop=True)
         print("community.libvirt: same networks and pools (no volume module)")
         c_first = play(venv, "community.yml", extra)
-        c_second = play(venv, "community.yml", extra)
+        c_second = play(venv, "community.yml", extra, noop=True)
         print("mlinfra.kvm pools+networks only, for a like-for-like ratio")
         m_pn = play(venv, "mlinfra.yml", dict(extra, bench_volumes_per_pool=0))
     finally:

@@ -13,11 +13,15 @@ description:
     modules. Each item goes through the same validation, guards, check mode and diff as
     M(mlinfra.kvm.domain), on one libvirt connection and in one module process (a loop over
     M(mlinfra.kvm.domain) starts one process per item).
-  - The whole list is first run in check mode; a bad item, or a refusal a run would meet, fails
-    the call before anything changes. A failure that only a real run can meet (libvirt refusing a
-    call, a guest that does not shut down in time) reports C(changed=true) and what was done before it.
   - Items are applied in order, one after another; a domain started by an item boots while the
     next items are applied (O(config[].wait_for_ip) waits for that item's guest alone).
+  - With O(state=replaced) or O(state=overridden), a change a running domain cannot take live is
+    written for its next start (RV(objects) says C(restart_required)), or applied at once by a
+    restart with O(config[].restart).
+  - A list never removes a running domain without O(force) (or the item's O(config[].force));
+    without it, the call fails before anything changes.
+  - O(state=rendered) refuses items with O(config[].hostdevs) (passthrough is checked against the
+    hypervisor), and takes a pool volume's format from its name (C(.qcow2), else raw).
 options:
   config:
     description:
@@ -444,38 +448,6 @@ options:
           keeps an existing object''s value).'
         type: path
     # END generated config suboptions
-  state:
-    description:
-      - V(merged) creates or updates the listed domains and leaves every other one alone.
-      - V(replaced) makes each listed domain exactly as declared (see O(config)); a change a
-        running domain cannot take live is written for its next start (RV(objects) says
-        C(restart_required)), or applied by a restart with O(config[].restart).
-      - V(overridden) is V(replaced) for the listed domains, and removes every domain that is not
-        listed and whose name starts with O(scope.name_prefix). Refused without O(scope).
-      - V(deleted) removes the listed domains (only their name counts); with an empty O(config),
-        every domain in O(scope).
-      - A list never removes a running domain without O(force) (or the item's O(config[].force));
-        without it, the call fails before anything changes.
-      - V(gathered) returns the domains on the host in this module's input format (RV(gathered));
-        fed back as O(config), it changes nothing. Changes nothing.
-      - V(rendered) returns the libvirt XML each item would define (RV(rendered)) without
-        contacting libvirt; items with O(config[].hostdevs) are refused (passthrough is checked
-        against the hypervisor), and a pool volume's format is taken from its name (C(.qcow2)).
-    type: str
-    choices: [merged, replaced, overridden, deleted, gathered, rendered]
-    default: merged
-  scope:
-    description:
-      - The domains this list owns, for O(state=overridden) (required there) and O(state=deleted)
-        with an empty O(config); also narrows O(state=gathered).
-      - With O(state=merged), O(state=replaced) or O(state=overridden), every item must be in scope.
-    type: dict
-    suboptions:
-      name_prefix:
-        description:
-          - The prefix of the name of the domains in scope. Never empty.
-        type: str
-        required: true
   force:
     description:
       - Lets this call destroy the running domains it removes without an item of their own
@@ -484,12 +456,11 @@ options:
     type: bool
     default: false
 notes:
-  - Ordering between kinds is the play's, as with the single-object modules (pools, volumes and
-    networks before the domains that use them).
   - Two items that pass the same PCI device are not checked against each other; the second
     fails when it starts (libvirt refuses a device in use).
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.resource_list
 seealso:
   - module: mlinfra.kvm.domain
   - module: mlinfra.kvm.domain_info

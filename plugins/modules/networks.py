@@ -13,10 +13,6 @@ description:
     modules. Each item goes through the same validation, guards, check mode and diff as
     M(mlinfra.kvm.network), on one libvirt connection and in one module process (a loop over
     M(mlinfra.kvm.network) starts one process per item).
-  - The whole list is first run in check mode; a bad item, or a refusal a run would meet, fails
-    the call before anything changes. A failure that only a real run can meet (libvirt refusing a
-    call) reports C(changed=true) and what was done before it.
-  - Items are applied in order, one after another.
 options:
   config:
     description:
@@ -164,39 +160,12 @@ options:
           keeps an existing object''s value).'
         type: bool
     # END generated config suboptions
-  state:
-    description:
-      - V(merged) creates or updates the listed networks and leaves every other one alone.
-      - V(replaced) makes each listed network exactly as declared (unset options at their defaults).
-      - V(overridden) is V(replaced) for the listed networks, and removes every network that is not
-        listed and whose name starts with O(scope.name_prefix), with the same guards as a single
-        removal. Refused without O(scope).
-      - V(deleted) removes the listed networks (only their name count); with an empty O(config),
-        every network in O(scope).
-      - V(gathered) returns the networks on the host in this module's input format (RV(gathered));
-        fed back as O(config), it changes nothing. Changes nothing.
-      - V(rendered) returns the libvirt XML each item defines (RV(rendered)) without contacting libvirt.
-    type: str
-    choices: [merged, replaced, overridden, deleted, gathered, rendered]
-    default: merged
-  scope:
-    description:
-      - The networks this list owns, for O(state=overridden) (required there) and O(state=deleted)
-        with an empty O(config); also narrows O(state=gathered).
-      - With O(state=merged), O(state=replaced) or O(state=overridden), every item must be in scope.
-    type: dict
-    suboptions:
-      name_prefix:
-        description:
-          - The prefix of the name of the networks in scope. Never empty.
-        type: str
-        required: true
 notes:
-  - Ordering between kinds is the play's, as with the single-object modules (pools before volumes).
   - A new network is checked against libvirt's networks as they are when its turn comes, so two
     items of one list whose addresses overlap fail at the second, after the first was made.
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.resource_list
 seealso:
   - module: mlinfra.kvm.network
 author:

@@ -13,10 +13,6 @@ description:
     modules. Each item goes through the same validation, guards, check mode and diff as
     M(mlinfra.kvm.pool), on one libvirt connection and in one module process (a loop over
     M(mlinfra.kvm.pool) starts one process per item).
-  - The whole list is first run in check mode; a bad item, or a refusal a run would meet, fails
-    the call before anything changes. A failure that only a real run can meet (libvirt refusing a
-    call) reports C(changed=true) and what was done before it.
-  - Items are applied in order, one after another.
 options:
   config:
     description:
@@ -129,33 +125,6 @@ options:
           or names another pool is refused (naming both names) before anything is done.
         type: str
     # END generated config suboptions
-  state:
-    description:
-      - V(merged) creates or updates the listed pools and leaves every other one alone.
-      - V(replaced) makes each listed pool exactly as declared (unset options at their defaults).
-      - V(overridden) is V(replaced) for the listed pools, and removes every pool that is not
-        listed and whose name starts with O(scope.name_prefix), with the same guards as a single
-        removal. Refused without O(scope).
-      - V(deleted) removes the listed pools (only their name count); with an empty O(config),
-        every pool in O(scope).
-      - V(gathered) returns the pools on the host in this module's input format (RV(gathered));
-        fed back as O(config), it changes nothing. Changes nothing.
-      - V(rendered) returns the libvirt XML each item defines (RV(rendered)) without contacting libvirt.
-    type: str
-    choices: [merged, replaced, overridden, deleted, gathered, rendered]
-    default: merged
-  scope:
-    description:
-      - The pools this list owns, for O(state=overridden) (required there) and O(state=deleted)
-        with an empty O(config); also narrows O(state=gathered).
-      - With O(state=merged), O(state=replaced) or O(state=overridden), every item must be in scope.
-    type: dict
-    suboptions:
-      name_prefix:
-        description:
-          - The prefix of the name of the pools in scope. Never empty.
-        type: str
-        required: true
   force:
     description:
       - For the pools this call removes without an item of their own (O(state=overridden), and
@@ -164,11 +133,11 @@ options:
     type: bool
     default: false
 notes:
-  - Ordering between kinds is the play's, as with the single-object modules (pools before volumes).
   - Pools of a type this collection does not manage (anything but V(dir), V(logical), V(netfs)) are left
     out of RV(gathered) and never removed by O(state=overridden).
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.resource_list
 seealso:
   - module: mlinfra.kvm.pool
 author:

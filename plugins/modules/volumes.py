@@ -13,10 +13,6 @@ description:
     modules. Each item goes through the same validation, guards, check mode and diff as
     M(mlinfra.kvm.volume), on one libvirt connection and in one module process (a loop over
     M(mlinfra.kvm.volume) starts one process per item).
-  - The whole list is first run in check mode; a bad item, or a refusal a run would meet, fails
-    the call before anything changes. A failure that only a real run can meet (libvirt refusing a
-    call) reports C(changed=true) and what was done before it.
-  - Items are applied in order, one after another.
   - An item's key is C(POOL/NAME); O(scope.name_prefix) matches that key.
 options:
   config:
@@ -96,33 +92,6 @@ options:
           a temporary volume an interrupted import left, and reports it as a change.
         type: path
     # END generated config suboptions
-  state:
-    description:
-      - V(merged) creates or updates the listed volumes and leaves every other one alone.
-      - V(replaced) makes each listed volume exactly as declared (unset options at their defaults).
-      - V(overridden) is V(replaced) for the listed volumes, and removes every volume that is not
-        listed and whose POOL/NAME key starts with O(scope.name_prefix), with the same guards as a single
-        removal. Refused without O(scope).
-      - V(deleted) removes the listed volumes (only their POOL/NAME key count); with an empty O(config),
-        every volume in O(scope).
-      - V(gathered) returns the volumes on the host in this module's input format (RV(gathered));
-        fed back as O(config), it changes nothing. Changes nothing.
-      - V(rendered) returns the libvirt XML each item defines (RV(rendered)) without contacting libvirt.
-    type: str
-    choices: [merged, replaced, overridden, deleted, gathered, rendered]
-    default: merged
-  scope:
-    description:
-      - The volumes this list owns, for O(state=overridden) (required there) and O(state=deleted)
-        with an empty O(config); also narrows O(state=gathered).
-      - With O(state=merged), O(state=replaced) or O(state=overridden), every item must be in scope.
-    type: dict
-    suboptions:
-      name_prefix:
-        description:
-          - The prefix of the POOL/NAME key of the volumes in scope. Never empty (a prefix such as C(mlinfra-lab/) keeps a call to one pool).
-        type: str
-        required: true
   force:
     description:
       - For the volumes this call removes without an item of their own (O(state=overridden), and
@@ -131,10 +100,10 @@ options:
     type: bool
     default: false
 notes:
-  - Ordering between kinds is the play's, as with the single-object modules (pools before volumes).
   - O(state=rendered) needs O(config[].capacity) - it reads no backing image (its format defaults to V(qcow2)).
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.resource_list
 seealso:
   - module: mlinfra.kvm.volume
 author:
