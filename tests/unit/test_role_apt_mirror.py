@@ -1,8 +1,10 @@
 """The Debian mirror of the nvidia_driver and cuda roles, derived from the host's own apt sources.
 
-Both roles write the same deb822 file (contrib, non-free, non-free-firmware) and take its mirrors
-from <role>_debian_mirror / <role>_debian_security_mirror, or, when those are empty, from the
-first apt source of the host whose suite is <release> / <release>-security (tasks/apt_mirror.yml).
+Both roles write the same deb822 file (contrib, non-free, non-free-firmware) through the shared
+role mlinfra.kvm.nvidia_apt_source, and take its mirrors from <role>_debian_mirror /
+<role>_debian_security_mirror, or, when those are empty, from the first apt source of the host
+whose suite is <release> / <release>-security (each role's tasks/apt_mirror.yml hands its
+variables to nvidia_apt_source's mirror step).
 
 One ansible-playbook run per role, against localhost with connection local and --check: every
 case is an inventory host with its own fixture directory standing in for /etc/apt (the role's
@@ -188,7 +190,7 @@ def run_cases(tmp: Path, role: str) -> tuple:
         hosts[name] = host_vars
     inventory = tmp / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    template = ROOT / "roles" / role / "templates" / "nvidia.sources.j2"
+    template = ROOT / "roles" / "nvidia_apt_source" / "templates" / "nvidia.sources.j2"
     playbook = tmp / "play.yml"
     playbook.write_text(yaml.safe_dump([{
         "name": "apt mirror of %s" % role,
@@ -203,7 +205,7 @@ def run_cases(tmp: Path, role: str) -> tuple:
              "vars": {"__%s_apt_sources_dir" % role: "{{ fixture_dir }}"}},
             {"name": "Record the mirrors",
              "ansible.builtin.copy": {
-                 "content": "{{ [__%s_debian_mirror, __%s_debian_security_mirror] | to_json }}" % (role, role),
+                 "content": "{{ [nvidia_apt_source_mirror, nvidia_apt_source_security_mirror] | to_json }}",
                  "dest": "%s/{{ inventory_hostname }}.json" % out, "mode": "0644"},
              "check_mode": False},
             {"name": "Render the role's template",
@@ -296,6 +298,6 @@ def test_defaults_name_no_mirror_host(role):
     spec = yaml.safe_load((base / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
     for name in ("%s_debian_mirror" % role, "%s_debian_security_mirror" % role):
         assert defaults[name] == "" and spec[name]["default"] == "", name
-    for path in base.rglob("*"):
+    for path in list(base.rglob("*")) + list((ROOT / "roles" / "nvidia_apt_source").rglob("*")):
         if path.is_file():
             assert "debian.org" not in path.read_text(errors="replace"), path
