@@ -45,6 +45,16 @@ say() { echo "ensure-libvirtd: $*" >&2; }
 
 under_systemd() { [ "$(cat /proc/1/comm 2>/dev/null)" = "systemd" ]; }
 
+# A libvirtd that runs, not one that is dead: a daemon killed with SIGKILL stays a zombie until
+# PID 1 reaps it, and where PID 1 is not an init that may take a while; pgrep lists zombies too.
+libvirtd_alive() {
+  local pid
+  for pid in $(pgrep -x libvirtd); do
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] || return 0
+  done
+  return 1
+}
+
 wait_ready() {
   for _ in $(seq 1 100); do
     virsh -c "$URI" version >/dev/null 2>&1 && return 0
@@ -55,9 +65,10 @@ wait_ready() {
 }
 
 stop_libvirtd() {
+  libvirtd_alive || return 0
   pkill -x libvirtd 2>/dev/null || return 0
   for _ in $(seq 1 100); do
-    pgrep -x libvirtd >/dev/null || return 0
+    libvirtd_alive || return 0
     sleep 0.2
   done
   say "libvirtd did not stop within 20 s; killing it"
@@ -155,7 +166,7 @@ else
     say "restarting libvirtd (kept set-up: /dev/kvm view '$view')"
     stop_libvirtd
   fi
-  if ! pgrep -x libvirtd >/dev/null; then
+  if ! libvirtd_alive; then
     start_libvirtd "$view"
   fi
 fi
