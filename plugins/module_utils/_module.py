@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict
 from ansible.module_utils.basic import AnsibleModule
 
 from ._errors import KvmError, fail_from_error
+from ._libvirt import error_of, libvirt
 
 
 def run(module: AnsibleModule, runner: Callable[[], Dict[str, Any]]) -> None:
@@ -20,6 +21,14 @@ def run(module: AnsibleModule, runner: Callable[[], Dict[str, Any]]) -> None:
         fail_from_error(module, err)
         return
     except Exception as exc:  # pylint: disable=broad-except
+        if libvirt is not None and isinstance(exc, libvirt.libvirtError):
+            # A libvirt call outside a service's call(): libvirt's own words, never a traceback
+            # (libvirtd gone mid-run is the usual cause).
+            err = error_of(exc)
+            module.fail_json(msg="libvirt error: code %s: %s. Something may have changed before it: re-run to converge"
+                             % (err["code"], err["message"]), libvirt_code=err["code"],
+                             libvirt_message=err["message"], exception=traceback.format_exc())
+            return
         # A bug: the user gets a message, not a traceback (Ansible shows ``exception`` with -vvv).
         module.fail_json(msg="internal error in %s (a bug in mlinfra.kvm; report it with the -vvv output): %s: %s. "
                          "Something may have changed before it: read the object's state before re-running"

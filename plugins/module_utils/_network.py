@@ -7,6 +7,7 @@ and mlinfra.kvm.networks share."""
 from __future__ import annotations
 
 import ipaddress
+import re
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -533,9 +534,36 @@ class NetworkRunner:
             self.tracker.add("state", before["state"] if before["state"] != "absent" else "absent", "active")
             self.tracker.action("start")
             if not self.check:
-                self.service.start(net)
+                self.start_clearing_a_stale_bridge(net)
         elif before["state"] == "absent":
             self.tracker.add("state", "absent", "inactive")
+
+    def start_clearing_a_stale_bridge(self, net: Any) -> None:
+        """Start the network. A start that libvirtd did not finish (libvirtd killed in the middle)
+        can leave the network's bridge behind, and every later start then fails with "error
+        creating bridge interface NAME: File exists". Such a bridge is removed and the start
+        tried once more, only when it is this network's own bridge, no active network uses it,
+        and nothing is plugged into it; anything else is left as it is and reported."""
+        try:
+            self.service.start(net)
+        except LibvirtCallError as err:
+            match = re.search(r"error creating bridge interface (\S+): File exists", str(err.details.get("libvirt_message")))
+            bridge = match.group(1) if match else None
+            if bridge is None or not self.local or not self.bridge_is_stale(bridge, net):
+                raise
+            self.tracker.action("delete bridge %s (left by an unfinished start) and start again" % bridge)
+            rc, _out, errout = self.module.run_command(["ip", "link", "delete", bridge, "type", "bridge"])
+            if rc != 0:
+                raise KvmError("network %s: its bridge %s is left from an unfinished start, and deleting it failed "
+                               "(%s); delete it by hand (ip link delete %s) and run again"
+                               % (net.name(), bridge, errout.strip(), bridge), changed=False)
+            self.service.start(net)
+
+    def bridge_is_stale(self, bridge: str, net: Any) -> bool:
+        own = X.attr(X.parse(self.service.xml(net, inactive=True)), "bridge", "name")
+        in_use = {other["bridge"] for other in self.service.other_networks(net.name()) if other.get("active")}
+        ports = os.path.join("/sys/class/net", bridge, "brif")
+        return own == bridge and bridge not in in_use and os.path.isdir(ports) and not os.listdir(ports)
 
     def ensure_autostart(self, net: Optional[Any]) -> None:
         wanted = self.params["autostart"]

@@ -23,7 +23,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ._errors import InvalidInputError, KvmError, LibvirtCallError
-from ._libvirt import LIBVIRT_ARGSPEC, Connection, libvirt
+from ._libvirt import LIBVIRT_ARGSPEC, Connection, error_of, libvirt
 from ._uri import is_local
 
 STATES = ("merged", "replaced", "overridden", "deleted", "gathered", "rendered")
@@ -294,6 +294,11 @@ class ListRun:
             except KvmError as err:
                 self.report_partial(err, label, done, check)
                 raise
+            except libvirt.libvirtError as exc:  # a raw call (libvirtd gone in the middle of the list)
+                err = error_of(exc)
+                failure = LibvirtCallError("applying %s" % label, err["code"], err["message"], err["domain"])
+                self.report_partial(failure, label, done, check)
+                raise failure
             if result.get("changed"):
                 # The host changed (or, in check mode, would): read-only commands run again.
                 self.command_cache.clear()

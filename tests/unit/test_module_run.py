@@ -50,3 +50,17 @@ def test_a_refusal_keeps_its_option_and_changed_false():
     with pytest.raises(Ended):
         run(module, runner)
     assert module.failed["option"] == "memory" and module.failed["changed"] is False
+
+
+def test_a_raw_libvirt_error_is_libvirt_s_message_not_a_bug_report():
+    import libvirt
+    module = FakeModule()
+
+    def runner():
+        raise libvirt.libvirtError("Cannot recv data: Connection reset by peer")
+
+    with pytest.raises(Ended):
+        run(module, runner)
+    assert module.failed["msg"].startswith("libvirt error: code "), module.failed
+    assert "Cannot recv data" in module.failed["msg"] and "re-run to converge" in module.failed["msg"]
+    assert "Traceback" not in module.failed["msg"]
