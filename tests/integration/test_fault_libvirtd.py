@@ -82,8 +82,8 @@ def restart_libvirtd():
     subprocess.run([str(SCRIPT)], capture_output=True, text=True, timeout=300, check=True)
 
 
-def test_libvirtd_killed_mid_list_fails_clearly_and_the_rerun_converges(bridges_left, libvirt_cleanup,
-                                                                         restart_libvirtd):
+def test_libvirtd_killed_mid_list_fails_clearly_and_the_rerun_converges(
+        bridges_left, libvirt_cleanup, restart_libvirtd):
     subnets = free_subnets(COUNT)
     # state: active said outright: with merged an unset state keeps the object's, and the network
     # that libvirtd died under may be defined and not started; the re-run must start it.
