@@ -16,13 +16,10 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ._diff import DifferenceTracker
 from ._domain_request import DomainRequest
-from ._domain_service import DomainService
+from ._domain_service import DomainService, state_name
 from ._domain_spec import (
-    FIELDS, apply_fields, build_new, differing_fields, disk_element, hostdev_element,
+    FIELDS, apply_fields, build_new, differing_fields, disk_element, format_cpuset, hostdev_element,
     read_fields, read_memballoon)
-from ._domain_service import state_name
-from ._domain_spec import format_cpuset, read_console, read_cpu, read_cputune, read_firmware, read_hide_hypervisor, \
-    read_hugepages, read_numatune
 from ._errors import ConflictError, InvalidInputError, KvmError
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt
 from ._resource_list import ResourceKind, read_listed
@@ -428,11 +425,12 @@ def run_listed_domain(module: AnsibleModule, conn: Any, local: bool, replace: bo
     if params["state"] == "absent" and not params["force"]:
         service = DomainService(conn, params["uri"], params["sysfs_root"])
         dom = service.lookup(params["name"])
-        if dom is not None and service.state(dom) in ACTIVE_STATES:
+        state = service.state(dom) if dom is not None else "absent"
+        if state in ACTIVE_STATES:
             raise ConflictError(
                 "domain %s is %s: a domains list removes a running domain only with force: true (on the "
                 "item, or on the call for deleted and overridden); shut it down first, or set force"
-                % (params["name"], service.state(dom)), name=params["name"], option="force")
+                % (params["name"], state), name=params["name"], option="force")
     return run_domain(module, conn, local, replace=replace)
 
 
@@ -466,25 +464,25 @@ def domain_item(name: str, root: Any, state: str, autostart: bool) -> Dict[str, 
     }
     for disk in item["cdroms"]:
         disk.pop("format", None)  # a cdrom's format is not an option (always raw)
-    cpu = read_cpu(root)
+    cpu = values["cpu"]
     if cpu["mode"] not in (None, "custom"):
         item["cpu"] = cpu
     elif any(cpu[k] for k in ("sockets", "cores", "threads")):
         item["cpu"] = dict(cpu, mode=None)
-    tune = read_cputune(root)
+    tune = values["cputune"]
     if tune["vcpupin"] or tune["emulatorpin"]:
         item["cpu_pinning"] = {"vcpupin": [{"vcpu": p["vcpu"], "cpuset": format_cpuset(p["cpuset"])}
                                            for p in tune["vcpupin"]],
                                "emulatorpin": format_cpuset(tune["emulatorpin"]) if tune["emulatorpin"] else None}
-    numa = read_numatune(root)
+    numa = values["numatune"]
     if numa["mode"]:
         item["numa_tuning"] = {"mode": numa["mode"], "nodeset": format_cpuset(numa["nodeset"] or [])}
-    huge = read_hugepages(root)
+    huge = values["hugepages"]
     if huge["enabled"]:
         item["hugepages"] = True
         if huge["page_size_kib"]:
             item["hugepage_size"] = "%dK" % huge["page_size_kib"]
-    firmware = read_firmware(root)
+    firmware = values["firmware"]
     item["firmware"] = firmware["type"]
     if firmware["type"] == "kernel":
         item.update(_without_none({k: firmware[k] for k in ("kernel", "initrd", "cmdline")}))
@@ -492,11 +490,11 @@ def domain_item(name: str, root: Any, state: str, autostart: bool) -> Dict[str, 
         item.update(_without_none({"ovmf_code": firmware["loader"], "ovmf_vars": firmware["nvram_template"]}))
     if values["boot"]:
         item["boot"] = values["boot"]
-    console = read_console(root)
+    console = values["console"]
     item["console"] = console["enabled"]
     if console["log"]:
         item["console_log"] = console["log"]
-    hidden = read_hide_hypervisor(root)
+    hidden = values["hide_hypervisor"]
     if hidden["kvm_hidden"] or hidden["vendor_id"]:
         item["hide_hypervisor"] = hidden["kvm_hidden"]
         if hidden["vendor_id"]:
