@@ -42,6 +42,25 @@ def network_names(prefix: str) -> List[str]:
         conn.close()
 
 
+def kill_libvirtd_once_networks_exist(prefix: str, within_s: float, count: int = 3):
+    """A started thread that SIGKILLs libvirtd as soon as ``count`` networks named ``prefix...``
+    exist (polled every 50 ms, for ``within_s`` at most), and the event it sets when it did."""
+    killed = threading.Event()
+
+    def watch() -> None:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if len(network_names(prefix)) >= count:
+                subprocess.run(["pkill", "-KILL", "-x", "libvirtd"], check=False)
+                killed.set()
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=watch)
+    killer.start()
+    return killer, killed
+
+
 def run_networks(config: List[Dict]) -> Dict:
     payload = {"ANSIBLE_MODULE_ARGS": {"uri": URI, "config": config}}
     proc = subprocess.run([sys.executable, "-m", "ansible_collections.mlinfra.kvm.plugins.modules.networks"],
@@ -89,19 +108,7 @@ def test_libvirtd_killed_mid_list_fails_clearly_and_the_rerun_converges(
     # that libvirtd died under may be defined and not started; the re-run must start it.
     config = [{"name": "%snet%02d" % (libvirt_cleanup, i), "mode": "isolated", "address": s + ".1", "prefix": 24,
                "state": "active"} for i, s in enumerate(subnets)]
-    killed = threading.Event()
-
-    def kill_when_some_exist() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed.is_set():
-            if len(network_names(libvirt_cleanup)) >= 3:
-                subprocess.run(["pkill", "-KILL", "-x", "libvirtd"], check=False)
-                killed.set()
-                return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_when_some_exist)
-    killer.start()
+    killer, killed = kill_libvirtd_once_networks_exist(libvirt_cleanup, within_s=120)
     first = run_networks(config)
     killer.join()
     assert killed.is_set(), "libvirtd was never killed: the list did not make 3 networks in 120 s"
@@ -168,19 +175,7 @@ def test_libvirtd_killed_mid_play_the_rerun_converges_nothing_lost_or_doubled(br
                      "disks": [{"pool": pool, "volume": "d%d.qcow2" % i}],
                      "interfaces": [{"network": "%snet00" % libvirt_cleanup}]} for i in range(4)],
     }
-    killed = threading.Event()
-
-    def kill_when_some_networks_exist() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if len(network_names(libvirt_cleanup)) >= 3:
-                subprocess.run(["pkill", "-KILL", "-x", "libvirtd"], check=False)
-                killed.set()
-                return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_when_some_networks_exist)
-    killer.start()
+    killer, killed = kill_libvirtd_once_networks_exist(libvirt_cleanup, within_s=300)
     first = play(tmp_path, evars)
     killer.join()
     assert killed.is_set(), first.stdout[-3000:]
