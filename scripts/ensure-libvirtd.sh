@@ -17,8 +17,9 @@
 # (nested, paravirtual KVM; no udev to set /dev/kvm's group) the two disagree, libvirt throws
 # the cache away and probes QEMU again at every lookup: 4 s per lookup here, 79-105 s per define
 # on another machine of this kind (../shared/notes/lab-facts.md). The fix, for daemons started
-# here only: run libvirtd in its own mount namespace with a private copy of the /dev/kvm node
-# whose mode makes both views agree. The host's /dev/kvm is not touched. A hypervisor whose
+# here only: run libvirtd in its own mount namespace (a slave of the host's, so that it still
+# sees the host's later mounts) with a private copy of the /dev/kvm node whose mode makes both
+# views agree. The host's /dev/kvm is not touched. A hypervisor whose
 # cache stays valid (real KVM, udev) is left exactly as it is; under systemd this script only
 # reports the problem. Modules and roles never do any of this.
 #
@@ -37,7 +38,7 @@ case "${1:-}" in
   "") ;;
   --restart) RESTART=1 ;;
   --check) CHECK=1 ;;
-  -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "ensure-libvirtd.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
 
@@ -76,6 +77,23 @@ stop_libvirtd() {
   sleep 0.5
 }
 
+# Mounts made on the host after libvirtd started (a pool's file system mounted later, an NFS
+# share) must reach libvirtd: a daemon that does not see them writes volumes into the directory
+# under the mount point, and reports success. So its namespace is a slave of the host's: it
+# receives the host's mounts and keeps its own /dev/kvm bind to itself. Receiving needs the
+# host's mounts shared, which systemd makes them at boot; without systemd they stay private.
+root_mount_shared() { awk '$5 == "/"' /proc/self/mountinfo | grep -q ' shared:'; }
+# Whether the running libvirtd receives the host's mounts: its own namespace, or a slave of it.
+libvirtd_sees_host_mounts() {
+  local pid
+  for pid in $(pgrep -x libvirtd); do
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || continue  # zombies have no namespace
+    [ "$(readlink "/proc/$pid/ns/mnt")" = "$(readlink /proc/self/ns/mnt)" ] && return 0
+    awk '$5 == "/"' "/proc/$pid/mountinfo" | grep -q ' master:' && return 0
+  done
+  return 1
+}
+
 # start_libvirtd VIEW: host = the host's /dev/kvm as it is; qemu-group = a private node
 # root:kvm 0660 (what udev sets on a normal Debian host); root-only = a private node root 0600.
 start_libvirtd() {
@@ -96,8 +114,12 @@ start_libvirtd() {
   else
     chmod 0600 "$KVM_NODE"
   fi
+  if ! root_mount_shared; then
+    say "making the host's mounts shared (mount --make-rshared /, as systemd does at boot) so that libvirtd's namespace sees mounts made after it started"
+    mount --make-rshared /
+  fi
   # shellcheck disable=SC2016  # $1 is the inner sh's argument, expanded there
-  unshare --mount --propagation private -- sh -c 'mount --bind "$1" /dev/kvm && exec libvirtd -d' sh "$KVM_NODE"
+  unshare --mount --propagation slave -- sh -c 'mount --bind "$1" /dev/kvm && exec libvirtd -d' sh "$KVM_NODE"
 }
 
 # The group QEMU runs as (qemu.conf "group", else Debian's default "kvm").
@@ -164,6 +186,10 @@ else
   view=$(cat "$KVM_VIEW_FILE" 2>/dev/null || echo host)
   if [ "$RESTART" = 1 ]; then
     say "restarting libvirtd (kept set-up: /dev/kvm view '$view')"
+    stop_libvirtd
+  elif libvirtd_alive && ! libvirtd_sees_host_mounts; then
+    # Started by an earlier version of this script, in a private namespace.
+    say "libvirtd runs in a mount namespace that does not see the host's later mounts; restarting it (view '$view')"
     stop_libvirtd
   fi
   if ! libvirtd_alive; then

@@ -82,3 +82,23 @@ def test_restart_keeps_the_same_set_up(libvirtd) -> None:
 
     check = subprocess.run([str(SCRIPT), "--check"], capture_output=True, text=True, timeout=300, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_libvirtd_sees_mounts_made_after_it_started(libvirtd, tmp_path) -> None:
+    """A file system mounted on the host after libvirtd started (a pool's disk, an NFS share)
+    is what libvirtd sees at that path too. In a namespace cut off from the host's later mounts,
+    libvirtd wrote volumes into the directory under the mount point and reported success
+    (found by tests/integration/test_fault_pool_full.py)."""
+    target = tmp_path / "later"
+    target.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): %s" % mounted.stderr.strip())
+    try:
+        (target / "marker").write_text("on the new file system\n")
+        seen = Path("/proc/%d/root%s/marker" % (libvirtd_pid(), target))
+        assert seen.exists() and seen.read_text() == "on the new file system\n", \
+            "libvirtd does not see a mount made after it started"
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
