@@ -17,7 +17,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 import pytest
 
@@ -81,6 +81,11 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
 def run_module() -> Callable[..., Dict[str, Any]]:
     """run_module(name, args, check=False, diff=False) -> the module's result dict."""
     return run_module_process
+
+
+def warning_texts(result: Dict[str, Any]) -> List[str]:
+    """A module result's warnings as text (ansible-core 2.19 returns them as structured events)."""
+    return [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
 
 
 def four_ways(name: str, args: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:

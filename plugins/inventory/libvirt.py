@@ -15,6 +15,10 @@ description:
     the value of each key in O(metadata_groups) becomes a group (C(role=trainer) puts the host in
     group C(trainer)), and a C(groups) key holds a comma-separated list of further groups.
     Every host also lands in C(libvirt) and C(libvirt_<state>).
+  - "Host variables: C(libvirt_name), C(libvirt_uuid), C(libvirt_uri), C(libvirt_state),
+    C(libvirt_state_reason) (libvirt's reason for the state, for example V(crashed) for a domain
+    whose QEMU process ended without a shutdown), C(libvirt_vcpus), C(libvirt_memory_mib),
+    C(libvirt_interfaces) and C(mlinfra_metadata)."
   - "Per URI the plugin makes one domain listing call, one statistics call for all domains' states,
     one DHCP lease call per network and one XML read per domain (metadata and MACs live only in the
     XML); nothing else per domain."
@@ -81,7 +85,7 @@ except ImportError:  # pragma: no cover - depends on the controller
     libvirt = None  # type: ignore
     HAS_LIBVIRT = False
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import lease_map, state_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import lease_map, state_name, state_reason
 from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import (
     read_interfaces, read_max_memory, read_memory, read_metadata, read_vcpus)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import KvmError
@@ -145,7 +149,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 if pattern is not None and not pattern.search(name):
                     continue
                 root = parse(dom.XMLDesc(0))
-                out.append(self.describe(uri, dom, root, state_name(values.get("state.state")), leases))
+                state = state_name(values.get("state.state"))
+                item = self.describe(uri, dom, root, state, leases)
+                item["state_reason"] = state_reason(state, values.get("state.reason"))
+                out.append(item)
             return out
         except (libvirt.libvirtError, KvmError) as exc:
             raise AnsibleError("mlinfra.kvm.libvirt: listing %s failed: %s" % (uri, exc))
@@ -182,7 +189,8 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             self.inventory.add_child(state_group, hostname)
             hostvars = {
                 "libvirt_name": item["name"], "libvirt_uuid": item["uuid"], "libvirt_uri": item["uri"],
-                "libvirt_state": item["state"], "libvirt_vcpus": item["vcpus"],
+                "libvirt_state": item["state"], "libvirt_state_reason": item.get("state_reason", ""),
+                "libvirt_vcpus": item["vcpus"],
                 "libvirt_memory_mib": item["memory_mib"], "libvirt_interfaces": item["interfaces"],
                 "mlinfra_metadata": item["metadata"],
             }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._domain_pci import NodeDevPci, SysfsPci
 from ._domain_spec import GUEST_AGENT_CHANNEL, MLINFRA_NS, MLINFRA_PREFIX, hostdev_addresses, metadata_element
@@ -20,8 +20,48 @@ STATE_NAMES = {0: "nostate", 1: "running", 2: "blocked", 3: "paused", 4: "shutdo
                5: "shutoff", 6: "crashed", 7: "pmsuspended"}
 
 
+# Why a domain is in its state (the reason libvirt gives with it: virDomainShutoffReason,
+# virDomainPausedReason, virDomainRunningReason, virDomainCrashedReason), by state name.
+STATE_REASONS = {
+    "shutoff": {0: "unknown", 1: "shutdown", 2: "destroyed", 3: "crashed", 4: "migrated", 5: "saved",
+                6: "failed", 7: "from_snapshot", 8: "daemon"},
+    "paused": {0: "unknown", 1: "user", 2: "migration", 3: "save", 4: "dump", 5: "ioerror", 6: "watchdog",
+               7: "from_snapshot", 8: "shutting_down", 9: "snapshot", 10: "crashed", 11: "starting_up",
+               12: "postcopy", 13: "postcopy_failed"},
+    "running": {0: "unknown", 1: "booted", 2: "migrated", 3: "restored", 4: "from_snapshot", 5: "unpaused",
+                6: "migration_canceled", 7: "save_canceled", 8: "wakeup", 9: "crashed", 10: "postcopy",
+                11: "postcopy_failed"},
+    "crashed": {0: "unknown", 1: "panicked"},
+}
+# (state, reason) pairs that mean the guest did not get there by anyone's request: what an
+# operator must hear about even when the module puts the domain back as asked.
+UNEXPECTED_REASONS = {
+    ("shutoff", "crashed"): "its QEMU process ended without a shutdown (killed, or QEMU failed)",
+    ("shutoff", "failed"): "libvirt failed to start or restore it",
+    ("crashed", "panicked"): "the guest kernel panicked",
+    ("crashed", "unknown"): "the guest crashed",
+    ("paused", "ioerror"): "a disk I/O error paused it (a full or failed storage pool?)",
+    ("paused", "watchdog"): "its watchdog fired",
+    ("paused", "crashed"): "the guest crashed",
+}
+
+
 def state_name(code: int) -> str:
     return STATE_NAMES.get(code, "unknown")
+
+
+def state_reason(state: str, code: Optional[int]) -> str:
+    """The reason's name for a state name and libvirt's reason code ('' when none is known)."""
+    return STATE_REASONS.get(state, {}).get(code, "") if code is not None else ""
+
+
+def unexpected_reason(dom_name: str, state: str, reason: str) -> str:
+    """A sentence for a state that nobody asked for (empty when the state is an ordinary one)."""
+    why = UNEXPECTED_REASONS.get((state, reason))
+    if not why:
+        return ""
+    return ("domain %s was found %s (%s): %s; libvirt's log of it is /var/log/libvirt/qemu/%s.log "
+            "on the hypervisor" % (dom_name, state, reason, why, dom_name))
 
 
 class DomainService:
@@ -49,7 +89,12 @@ class DomainService:
         return parse(call("reading the XML of %s" % dom.name(), dom.XMLDesc, 0))
 
     def state(self, dom: Any) -> str:
-        return state_name(call("reading the state of %s" % dom.name(), dom.state)[0])
+        return self.state_and_reason(dom)[0]
+
+    def state_and_reason(self, dom: Any) -> Tuple[str, str]:
+        code, reason = call("reading the state of %s" % dom.name(), dom.state)[:2]
+        name = state_name(code)
+        return name, state_reason(name, reason)
 
     def is_active(self, dom: Any) -> bool:
         return bool(call("reading the state of %s" % dom.name(), dom.isActive))

@@ -67,6 +67,12 @@ domains:
     name: {description: Name., type: str}
     uuid: {description: UUID., type: str}
     state: {description: "V(running), V(paused), V(shutoff), ...", type: str}
+    state_reason:
+      description: >-
+        Why the domain is in its state, as libvirt gives it: for V(shutoff) V(shutdown),
+        V(destroyed), V(crashed) (its QEMU process ended without a shutdown), V(failed), ...; for
+        V(paused) V(user), V(ioerror), ...; for V(running) V(booted), V(unpaused), ...
+      type: str
     persistent: {description: Whether the domain is defined (not transient)., type: bool}
     autostart: {description: Whether it autostarts., type: bool}
     vcpus: {description: Current vCPUs (live when running)., type: int}
@@ -137,7 +143,7 @@ class DomainInfoRunner:
         return {dom.UUIDString(): values for dom, values in found}
 
     def describe(self, dom: Any, raw: Dict[str, Any], leases: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
-        state = self.service.state(dom)
+        state, reason = self.service.state_and_reason(dom)
         active = state in ACTIVE
         # The live XML when running (hot-plugged devices, live vCPUs), the persistent otherwise.
         root = self.service.live_root(dom) if active else self.service.inactive_root(dom)
@@ -156,7 +162,7 @@ class DomainInfoRunner:
                 [dict(d, device="cdrom") for d in read_cdroms(root)]
         persistent = bool(call("reading %s" % dom.name(), dom.isPersistent))
         return {
-            "name": dom.name(), "uuid": dom.UUIDString(), "state": state,
+            "name": dom.name(), "uuid": dom.UUIDString(), "state": state, "state_reason": reason,
             "persistent": persistent,
             "autostart": self.service.autostart(dom) if persistent else False,
             "vcpus": read_vcpus(root), "max_vcpus": read_max_vcpus(root),

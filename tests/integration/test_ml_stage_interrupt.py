@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from conftest import ROOT, module_env, run_module_process
+from conftest import ROOT, module_env, run_module_process, warning_texts
 from mlflow_server import Server
 
 pytestmark = pytest.mark.integration
@@ -141,10 +141,6 @@ def project(tmp_path: Path) -> Iterator[Project]:
     proj.cleanup()
 
 
-def warnings(result: Dict[str, Any]) -> List[str]:
-    return [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
-
-
 def ml(args: Dict[str, Any], check: bool = False) -> Dict[str, Any]:
     return run_module_process("ml_stage", args, check=check, timeout=300)
 
@@ -176,7 +172,7 @@ def test_sigkill_of_ml_stage_stops_the_command_tree_and_the_next_run_ends_its_ml
     applied = ml(args)
     assert not applied["failed"] and applied["changed"] is True and applied["ran"] is True, applied
     assert "ended KILLED" in applied["interrupted_run"]["mlflow"], applied
-    assert any("was cut short" in w for w in warnings(applied)), applied
+    assert any("was cut short" in w for w in warning_texts(applied)), applied
     old = server.run(killed_run)
     assert old["info"]["status"] == "KILLED", old
     assert "cut short" in old["tags"]["mlinfra.stage.failure"]

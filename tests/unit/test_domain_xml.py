@@ -404,10 +404,12 @@ def test_new_domain_needs_memory_and_vcpus(gpu_host):
 class RecordingService(FakeService):
     """A running domain (LIBVIRT_STORED) whose service records every side effect."""
 
-    def __init__(self, sysfs_root: str, state: str = "running", xml: str = LIBVIRT_STORED) -> None:
+    def __init__(self, sysfs_root: str, state: str = "running", xml: str = LIBVIRT_STORED,
+                 reason: str = "") -> None:
         super().__init__(sysfs_root=sysfs_root)
         self.root = parse(xml)
         self._state = state
+        self._reason = reason
         self.calls: List[tuple] = []
         self.performed: List[str] = []
 
@@ -426,6 +428,9 @@ class RecordingService(FakeService):
 
     def state(self, dom):
         return self._state
+
+    def state_and_reason(self, dom):
+        return self._state, self._reason
 
     def autostart(self, dom):
         return False
@@ -447,13 +452,68 @@ class FakeModule:
         self.params.update(params)
         self.check_mode = check
         self._diff = True
+        self.warnings: List[str] = []
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
 
 
-def run_domain(service, check=False, **params):
+def run_domain(service, check=False, warnings=None, **params):
     from ansible_collections.mlinfra.kvm.plugins.module_utils._domain import DomainRunner
     params.setdefault("name", "vm1")
     params.setdefault("sysfs_root", service.sysfs_root)
-    return DomainRunner(FakeModule(params, check), service).run()
+    module = FakeModule(params, check)
+    result = DomainRunner(module, service).run()
+    if warnings is not None:
+        warnings.extend(module.warnings)
+    return result
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_crashed_domain_is_started_and_the_crash_reported(tmp_path, check):
+    service = RecordingService(make_sysfs(str(tmp_path / "sys"), GPU_HOST), state="shutoff", reason="crashed")
+    warnings: List[str] = []
+    result = run_domain(service, check=check, warnings=warnings, state="running")
+    assert result["changed"] is True and result["actions"] == ["start (it was shutoff: crashed)"]
+    assert len(warnings) == 1 and "vm1 was found shutoff (crashed)" in warnings[0], warnings
+    assert "without a shutdown" in warnings[0] and "/var/log/libvirt/qemu/vm1.log" in warnings[0]
+    assert [c[0] for c in service.calls if c[0] == "start"] == ([] if check else ["start"])
+
+
+def test_a_crashed_domain_left_as_asked_still_warns(tmp_path):
+    # state present leaves the run state alone, but a crash is never reported as a plain "ok".
+    service = RecordingService(make_sysfs(str(tmp_path / "sys"), GPU_HOST), state="shutoff", reason="crashed")
+    warnings: List[str] = []
+    result = run_domain(service, warnings=warnings, state="present")
+    assert result["changed"] is False and warnings and "crashed" in warnings[0]
+
+
+@pytest.mark.parametrize("state, reason", [("shutoff", "shutdown"), ("shutoff", "destroyed"), ("shutoff", "unknown"),
+                                           ("paused", "user")])
+def test_ordinary_states_start_without_a_warning(tmp_path, state, reason):
+    service = RecordingService(make_sysfs(str(tmp_path / "sys"), GPU_HOST), state=state, reason=reason)
+    warnings: List[str] = []
+    result = run_domain(service, warnings=warnings, state="running")
+    assert result["actions"] == ["resume" if state == "paused" else "start"] and warnings == []
+
+
+def test_a_paused_on_io_error_domain_is_resumed_and_reported(tmp_path):
+    service = RecordingService(make_sysfs(str(tmp_path / "sys"), GPU_HOST), state="paused", reason="ioerror")
+    warnings: List[str] = []
+    result = run_domain(service, warnings=warnings, state="running")
+    assert result["actions"] == ["resume (it was paused: ioerror)"]
+    assert "disk I/O error" in warnings[0]
+
+
+def test_state_reasons_follow_libvirts_codes():
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import state_reason
+    import libvirt
+    assert state_reason("shutoff", libvirt.VIR_DOMAIN_SHUTOFF_CRASHED) == "crashed"
+    assert state_reason("shutoff", libvirt.VIR_DOMAIN_SHUTOFF_DESTROYED) == "destroyed"
+    assert state_reason("paused", libvirt.VIR_DOMAIN_PAUSED_IOERROR) == "ioerror"
+    assert state_reason("running", libvirt.VIR_DOMAIN_RUNNING_BOOTED) == "booted"
+    assert state_reason("crashed", libvirt.VIR_DOMAIN_CRASHED_PANICKED) == "panicked"
+    assert state_reason("shutoff", 99) == "" and state_reason("blocked", 0) == "" and state_reason("shutoff", None) == ""
 
 
 @pytest.fixture
