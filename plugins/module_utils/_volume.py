@@ -353,7 +353,9 @@ class VolumeRunner:
                                     "give at least %d bytes, or leave capacity unset" % virtual)
         size = os.path.getsize(path)
         # Twice the file: the upload lands in a temporary volume that is then copied.
-        self.check_free_space(pool, 2 * size)
+        self.check_free_space(pool, 2 * size, "import_from", path,
+                              " (twice the file's %s: the upload lands in a temporary volume that is then copied)"
+                              % human(size))
         final_capacity = max(capacity or 0, virtual)
         self.tracker.add("state", "absent", "present")
         self.tracker.add("format", None, fmt)
@@ -400,12 +402,13 @@ class VolumeRunner:
             return
         self.changes.remove("created temporary volume %s" % temp_name)
 
-    def check_free_space(self, pool: Any, needed: int) -> None:
+    def check_free_space(self, pool: Any, needed: int, option: str = "capacity", value: Any = None,
+                         why: str = "") -> None:
         available = self.service.pool_available(pool)
         if needed > available:
             raise InvalidInputError(
-                "capacity", self.params["capacity"] or needed,
-                "needs %s but pool %s has %s free" % (human(needed), self.params["pool"], human(available)),
+                option, value if value is not None else (self.params["capacity"] or needed),
+                "needs %s%s but pool %s has %s free" % (human(needed), why, self.params["pool"], human(available)),
                 "free space in the pool, choose a smaller size or another pool")
 
     # -- update -----------------------------------------------------------------------------
