@@ -352,6 +352,10 @@ extends_documentation_fragment:
 notes:
   - Changes that need a restart on a running domain - machine, firmware, maxima, CPU, pinning, NUMA,
     hugepages, interfaces, console, rng, agent, balloon, cdroms, non-virtio disks.
+  - A domain found in a state nobody asked for - shut off because its QEMU process ended without a
+    shutdown (V(crashed)), crashed, paused on a disk I/O error or by its watchdog - is reported
+    with a warning naming the reason and libvirt's log of the domain, also when O(state) puts it
+    back; the start or resume action then names the state and reason it found.
 seealso:
   - module: mlinfra.kvm.domain_info
   - module: mlinfra.kvm.volume
