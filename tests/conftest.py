@@ -11,13 +11,14 @@ fail_json) in a fraction of a second, without a playbook around it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
@@ -81,6 +82,21 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
 def run_module() -> Callable[..., Dict[str, Any]]:
     """run_module(name, args, check=False, diff=False) -> the module's result dict."""
     return run_module_process
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's size=, e.g. 64m) mounted on the new directory ``path``,
+    unmounted on every path; the test is skipped, with the reason, where mounting is not allowed."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s,mode=0711" % size, "tmpfs", str(path)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): %s" % mounted.stderr.strip())
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def warning_texts(result: Dict[str, Any]) -> List[str]:

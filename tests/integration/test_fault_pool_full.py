@@ -11,14 +11,13 @@ other writer's file is gone the same import is made four ways.
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 
 import libvirt
 import pytest
 
-from conftest import four_ways
+from conftest import four_ways, mounted_tmpfs
 
 pytestmark = pytest.mark.integration
 URI = "qemu:///system"
@@ -28,16 +27,8 @@ MIB = 1024 * 1024
 @pytest.fixture
 def small_fs(tmp_path):
     """A 64 MiB tmpfs, unmounted after the test on every path."""
-    path = tmp_path / "small"
-    path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0711", "tmpfs", str(path)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): %s" % mounted.stderr.strip())
-    try:
+    with mounted_tmpfs(tmp_path / "small", "64m") as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def random_file(path, mib: int):

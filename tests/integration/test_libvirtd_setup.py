@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, mounted_tmpfs
 
 pytestmark = pytest.mark.integration
 
@@ -89,16 +89,8 @@ def test_libvirtd_sees_mounts_made_after_it_started(libvirtd, tmp_path) -> None:
     is what libvirtd sees at that path too. In a namespace cut off from the host's later mounts,
     libvirtd wrote volumes into the directory under the mount point and reported success
     (found by tests/integration/test_fault_pool_full.py)."""
-    target = tmp_path / "later"
-    target.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): %s" % mounted.stderr.strip())
-    try:
+    with mounted_tmpfs(tmp_path / "later", "1m") as target:
         (target / "marker").write_text("on the new file system\n")
         seen = Path("/proc/%d/root%s/marker" % (libvirtd_pid(), target))
         assert seen.exists() and seen.read_text() == "on the new file system\n", \
             "libvirtd does not see a mount made after it started"
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=False)
