@@ -46,15 +46,15 @@ say() { echo "ensure-libvirtd: $*" >&2; }
 
 under_systemd() { [ "$(cat /proc/1/comm 2>/dev/null)" = "systemd" ]; }
 
-# A libvirtd that runs, not one that is dead: a daemon killed with SIGKILL stays a zombie until
-# PID 1 reaps it, and where PID 1 is not an init that may take a while; pgrep lists zombies too.
-libvirtd_alive() {
+# The libvirtd processes that run, not the dead ones: a daemon killed with SIGKILL stays a zombie
+# until PID 1 reaps it, and where PID 1 is not an init that may take a while; pgrep lists zombies too.
+live_libvirtd_pids() {
   local pid
   for pid in $(pgrep -x libvirtd); do
-    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] || return 0
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] || echo "$pid"
   done
-  return 1
 }
+libvirtd_alive() { [ -n "$(live_libvirtd_pids)" ]; }
 
 wait_ready() {
   for _ in $(seq 1 100); do
@@ -82,14 +82,14 @@ stop_libvirtd() {
 # under the mount point, and reports success. So its namespace is a slave of the host's: it
 # receives the host's mounts and keeps its own /dev/kvm bind to itself. Receiving needs the
 # host's mounts shared, which systemd makes them at boot; without systemd they stay private.
-root_mount_shared() { awk '$5 == "/"' /proc/self/mountinfo | grep -q ' shared:'; }
+root_mount() { awk '$5 == "/"' "/proc/$1/mountinfo"; }  # PID (or self): its / line
+root_mount_shared() { root_mount self | grep -q ' shared:'; }
 # Whether the running libvirtd receives the host's mounts: its own namespace, or a slave of it.
 libvirtd_sees_host_mounts() {
   local pid
-  for pid in $(pgrep -x libvirtd); do
-    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || continue  # zombies have no namespace
+  for pid in $(live_libvirtd_pids); do
     [ "$(readlink "/proc/$pid/ns/mnt")" = "$(readlink /proc/self/ns/mnt)" ] && return 0
-    awk '$5 == "/"' "/proc/$pid/mountinfo" | grep -q ' master:' && return 0
+    root_mount "$pid" | grep -q ' master:' && return 0
   done
   return 1
 }
