@@ -16,7 +16,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ._diff import DifferenceTracker
 from ._domain_request import DomainRequest
-from ._domain_service import UNEXPECTED_REASONS, DomainService, state_name, unexpected_reason
+from ._domain_service import DomainService, state_name, unexpected_reason
 from ._domain_spec import (
     FIELDS, apply_fields, build_new, differing_fields, disk_element, format_cpuset, hostdev_element,
     read_fields, read_memballoon)
@@ -48,8 +48,9 @@ class DomainRunner:
         self.restart_required = False
         self.restarted = False
         self.ip_addresses: List[Dict[str, Any]] = []
-        # Why the domain was in the state this run found it in (libvirt's reason).
-        self.found_reason = ""
+        # " (it was shutoff: crashed)" when this run found the domain in a state nobody asked
+        # for: the start or resume that undoes it says so.
+        self.found_note = ""
         self.before: Dict[str, Any] = {}
         self.after: Dict[str, Any] = {}
 
@@ -66,11 +67,12 @@ class DomainRunner:
     def _run(self) -> Dict[str, Any]:
         name = object_name("name", self.params["name"])
         dom = self.service.lookup(name)
-        state, self.found_reason = self.service.state_and_reason(dom) if dom is not None else ("absent", "")
-        found_unexpected = unexpected_reason(name, state, self.found_reason)
+        state, reason = self.service.state_and_reason(dom) if dom is not None else ("absent", "")
+        found_unexpected = unexpected_reason(name, state, reason)
         if found_unexpected:
             # Said even when the requested state puts it back: a guest that crashed is news.
             self.module.warn(found_unexpected)
+            self.found_note = " (it was %s: %s)" % (state, reason)
         if self.params["state"] == "absent":
             self.ensure_absent(dom, state)
             return self.result(None, "absent")
@@ -239,18 +241,13 @@ class DomainRunner:
             self.ip_addresses = self.service.wait_for_ip(dom, self.params["wait_for_ip_timeout"])
         return final
 
-    def _found(self, current: str) -> str:
-        """' (it was shutoff: crashed)' for an action that undoes a state nobody asked for."""
-        return " (it was %s: %s)" % (current, self.found_reason) \
-            if (current, self.found_reason) in UNEXPECTED_REASONS else ""
-
     def _to_running(self, dom: Optional[Any], current: str) -> str:
         if current == "paused":
-            self.tracker.action("resume" + self._found(current))
+            self.tracker.action("resume" + self.found_note)
             if not self.check:
                 self.service.resume(dom)
         elif current not in ACTIVE_STATES:
-            self.tracker.action("start" + self._found(current))
+            self.tracker.action("start" + self.found_note)
             if not self.check:
                 self.service.start(dom)
         return "running"
