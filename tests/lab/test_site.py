@@ -442,11 +442,19 @@ def test_monitoring_on_the_lab(lab, tmp_path):
          lambda: alert_seen(tracking, "VMNotRunning", "resolved", restarted, domain="mlinfra-worker-1"),
          LAB_SCRAPE_S * 3 + 120, every_s=5)
     timings["vm_down_alert_cleared_s"] = round(time.time() - restarted, 1)
+    # Running (what the alert clears on) comes long before the guest's sshd and node exporter
+    # answer under TCG: the drill below needs both, so wait for them rather than race them.
+    worker_1 = guest_address("mlinfra-worker-1")
+    poll("mlinfra-worker-1 answering SSH after its restart",
+         lambda: ssh_answers(worker_1), 300, every_s=5)
+    poll("mlinfra-worker-1's node exporter scraped up again",
+         lambda: node_target_up(base, "mlinfra-worker-1"), 3 * LAB_SCRAPE_S + 60, every_s=5)
+    timings["vm_restart_ssh_and_scrape_s"] = round(time.time() - restarted, 1)
 
     # A stage whose command fails (a train command made to fail, beside the real pipeline):
     # one ml_stage run on the worker, as the pipeline role runs its stages.
     start = time.time()
-    proc = ansible_on_guest(guest_address("mlinfra-worker-1"), "mlinfra.kvm.ml_stage", {
+    proc = ansible_on_guest(worker_1, "mlinfra.kvm.ml_stage", {
         "name": "train-drill", "chdir": "/var/tmp",
         "cmd": ["python3", "-c", "import sys; sys.exit('drill command failed on purpose')"],
         "metrics_textfile_dir": "/var/lib/prometheus/node-exporter", "metrics_labels": {"pipeline": "alert-drill"}},
@@ -457,6 +465,20 @@ def test_monitoring_on_the_lab(lab, tmp_path):
                  3 * LAB_SCRAPE_S + LAB_GROUP_WAIT_S + 90, every_s=5)
     assert alert["labels"].get("pipeline") == "alert-drill", alert
     timings["stage_failed_alert_s"] = round(alert["received_at"] - start, 1)
+
+
+def ssh_answers(address: str) -> bool:
+    try:
+        return guest_ssh(address, "true", timeout=60).returncode == 0
+    except subprocess.TimeoutExpired:  # sshd half up: try again on the next poll
+        return False
+
+
+def node_target_up(base: str, host: str) -> bool:
+    """Prometheus' last scrape of `host`'s node exporter succeeded."""
+    active = prometheus_get(base, "/api/v1/targets?state=active")["activeTargets"]
+    return any(t["labels"]["job"] == "node" and t["labels"].get("host") == host and t["health"] == "up"
+               for t in active)
 
 
 def guest_address(name: str) -> str:
