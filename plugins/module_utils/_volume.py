@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import nullcontext
 from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
@@ -15,9 +14,10 @@ from ansible.module_utils.basic import AnsibleModule
 from ._diff import DifferenceTracker
 from ._errors import ConflictError, InvalidInputError, KvmError, LibvirtCallError
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
+from ._host_lock import local_object_lock
 from ._libvirt_guards import DiskUsage
 from ._validate import object_name, plain_text, size_bytes
-from ._volume_io import PARTIAL_SUFFIX, capacity_in_range, partial_name, stream_file, volume_lock
+from ._volume_io import PARTIAL_SUFFIX, capacity_in_range, partial_name, stream_file
 from ._resource_list import ResourceKind, read_listed
 from . import _xml as X
 
@@ -464,7 +464,7 @@ def run_volume(module: AnsibleModule, conn: Any, local: bool) -> Dict[str, Any]:
     lock is shared; libvirt's own refusals (volume exists, still being allocated) then come
     back as clear errors."""
     p = module.params
-    with volume_lock(p["pool"], p["name"]) if local else nullcontext():
+    with local_object_lock(local, "volume", p["name"], scope=p["pool"]):
         return VolumeRunner(module, VolumeService(module, conn), local).run()
 
 

@@ -1,4 +1,4 @@
-"""Bounded input of mlinfra.kvm.volume and mlinfra.kvm.pool, and the import/lock helpers.
+"""Bounded input of mlinfra.kvm.volume and mlinfra.kvm.pool, and the import helpers.
 
 No libvirtd is needed: input checks run before the module connects, which is what the
 module-process tests prove by pointing ``uri`` at a socket that does not exist (a check that
@@ -7,12 +7,11 @@ ran after connecting would report the connection error instead).
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _volume_io as vio
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import plain_text
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _pool as pool_module
 
@@ -148,40 +147,3 @@ def test_stream_file_unreadable_is_an_error_not_a_traceback(tmp_path):
         vio.stream_file(str(tmp_path), 10, lambda chunk: None)  # a directory: EISDIR on read
     assert info.value.msg.startswith("option import_from: value %r could not be read after 0 of 10 bytes"
                                      % str(tmp_path))
-
-
-# -- the host-local lock ---------------------------------------------------------------------
-
-def test_volume_lock_serialises_and_times_out(tmp_path, monkeypatch):
-    monkeypatch.setattr(vio, "LOCK_DIRS", (str(tmp_path / "locks"),))
-    with vio.volume_lock("p", "v.qcow2") as path:
-        assert os.path.basename(path) == "volume@p@v.qcow2.lock"
-        with pytest.raises(ConflictError) as info:
-            with vio.volume_lock("p", "v.qcow2", timeout=0.3):
-                pass
-        assert "being changed by another run" in info.value.msg
-        with vio.volume_lock("p", "other.qcow2"):  # another volume is not blocked
-            pass
-    with vio.volume_lock("p", "v.qcow2", timeout=0.3):  # released on exit
-        pass
-
-
-def test_volume_lock_waits_for_the_holder(tmp_path, monkeypatch):
-    monkeypatch.setattr(vio, "LOCK_DIRS", (str(tmp_path / "locks"),))
-    order = []
-    held = threading.Event()
-
-    def holder():
-        with vio.volume_lock("p", "v"):
-            held.set()
-            order.append("first")
-            threading.Event().wait(0.5)
-            order.append("first done")
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    held.wait(5)
-    with vio.volume_lock("p", "v", timeout=10):
-        order.append("second")
-    thread.join()
-    assert order == ["first", "first done", "second"]
