@@ -25,3 +25,15 @@ notes:
   - libvirt errors are reported with libvirt's error code and message in C(libvirt_code) and
     C(libvirt_message).
 '''
+
+    # Modules that change one named libvirt object (and each item of the list modules).
+    HOST_LOCK = r'''
+options: {}
+notes:
+  - With a local URI, a run holds an exclusive lock file for each object while it reads, compares
+    and changes it (C(/run/mlinfra/KIND@NAME.lock), or under C(/tmp/mlinfra-UID) where
+    C(/run/mlinfra) is not writable; a snapshot takes its domain's lock). Two plays against one
+    hypervisor at once take turns object by object; the second finds what the first made and
+    reports it unchanged. A run that waits more than 30 minutes fails naming the lock and changes
+    nothing. With a remote URI nothing is shared, and libvirt's own refusals are reported instead.
+'''

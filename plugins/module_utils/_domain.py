@@ -21,6 +21,7 @@ from ._domain_spec import (
     FIELDS, apply_fields, build_new, differing_fields, disk_element, format_cpuset, hostdev_element,
     read_fields, read_memballoon)
 from ._errors import ConflictError, InvalidInputError, KvmError
+from ._host_lock import local_object_lock
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt
 from ._resource_list import ResourceKind, read_listed
 from ._validate import object_name
@@ -415,7 +416,13 @@ def argument_spec() -> Dict[str, Any]:
 
 
 def run_domain(module: AnsibleModule, conn: Any, local: bool, replace: bool = False) -> Dict[str, Any]:
-    """One domain, on an open connection (mlinfra.kvm.domain, and each item of mlinfra.kvm.domains)."""
+    """One domain, on an open connection (mlinfra.kvm.domain), under the domain's host lock
+    (_host_lock)."""
+    with local_object_lock(local, "domain", module.params["name"]):
+        return _run_locked_domain(module, conn, replace)
+
+
+def _run_locked_domain(module: AnsibleModule, conn: Any, replace: bool) -> Dict[str, Any]:
     service = DomainService(conn, module.params["uri"], module.params["sysfs_root"])
     shared = getattr(module, "shared", None)  # a domains list: one PCI scan for the whole call
     if shared is not None:
@@ -428,18 +435,20 @@ def run_domain(module: AnsibleModule, conn: Any, local: bool, replace: bool = Fa
 def run_listed_domain(module: AnsibleModule, conn: Any, local: bool, replace: bool = False) -> Dict[str, Any]:
     """A domains item. Removing a running domain (an item's state absent, state deleted, or a
     domain that overridden finds in scope and unlisted) needs force: a list removes many
-    objects at once, and a typo in a name or a scope must not destroy a running guest."""
+    objects at once, and a typo in a name or a scope must not destroy a running guest. The
+    guard reads the state under the same lock as the change."""
     params = module.params
-    if params["state"] == "absent" and not params["force"]:
-        service = DomainService(conn, params["uri"], params["sysfs_root"])
-        dom = service.lookup(params["name"])
-        state = service.state(dom) if dom is not None else "absent"
-        if state in ACTIVE_STATES:
-            raise ConflictError(
-                "domain %s is %s: a domains list removes a running domain only with force: true (on the "
-                "item, or on the call for deleted and overridden); shut it down first, or set force"
-                % (params["name"], state), name=params["name"], option="force")
-    return run_domain(module, conn, local, replace=replace)
+    with local_object_lock(local, "domain", params["name"]):
+        if params["state"] == "absent" and not params["force"]:
+            service = DomainService(conn, params["uri"], params["sysfs_root"])
+            dom = service.lookup(params["name"])
+            state = service.state(dom) if dom is not None else "absent"
+            if state in ACTIVE_STATES:
+                raise ConflictError(
+                    "domain %s is %s: a domains list removes a running domain only with force: true (on the "
+                    "item, or on the call for deleted and overridden); shut it down first, or set force"
+                    % (params["name"], state), name=params["name"], option="force")
+        return _run_locked_domain(module, conn, replace)
 
 
 def run_replaced_domain(module: AnsibleModule, conn: Any, local: bool) -> Dict[str, Any]:

@@ -15,6 +15,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ._diff import DifferenceTracker
 from ._errors import InvalidInputError, KvmError, LibvirtCallError
+from ._host_lock import local_object_lock
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
 from ._libvirt_guards import (host_addresses, network_start_blockers, other_networks)
 from ._validate import (int_range, ipv4_address, mac_address, object_name, plain_texts)
@@ -607,8 +608,10 @@ MUTUALLY_EXCLUSIVE = [("netmask", "prefix")]
 
 
 def run_network(module: AnsibleModule, conn: Any, local: bool) -> Dict[str, Any]:
-    """One network, on an open connection (mlinfra.kvm.network, and each item of mlinfra.kvm.networks)."""
-    return NetworkRunner(module, NetworkService(conn), local).run()
+    """One network, on an open connection (mlinfra.kvm.network, and each item of mlinfra.kvm.networks),
+    under the network's host lock (_host_lock)."""
+    with local_object_lock(local, "network", module.params["name"]):
+        return NetworkRunner(module, NetworkService(conn), local).run()
 
 
 # -- resource list (mlinfra.kvm.networks) ------------------------------------------------------

@@ -12,6 +12,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ._diff import DifferenceTracker
 from ._errors import ConflictError, InvalidInputError, KvmError
+from ._host_lock import local_object_lock
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
 from ._libvirt_guards import DiskUsage
 from ._validate import object_name, plain_text
@@ -435,8 +436,10 @@ def argument_spec() -> Dict[str, Any]:
 
 
 def run_pool(module: AnsibleModule, conn: Any, local: bool) -> Dict[str, Any]:
-    """One pool, on an open connection (mlinfra.kvm.pool, and each item of mlinfra.kvm.pools)."""
-    return PoolRunner(module, PoolService(conn), local).run()
+    """One pool, on an open connection (mlinfra.kvm.pool, and each item of mlinfra.kvm.pools),
+    under the pool's host lock (_host_lock)."""
+    with local_object_lock(local, "pool", module.params["name"]):
+        return PoolRunner(module, PoolService(conn), local).run()
 
 
 # -- resource list (mlinfra.kvm.pools) ---------------------------------------------------------

@@ -349,6 +349,7 @@ options:
     default: /sys
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.libvirt.host_lock
 notes:
   - Changes that need a restart on a running domain - machine, firmware, maxima, CPU, pinning, NUMA,
     hugepages, interfaces, console, rng, agent, balloon, cdroms, non-virtio disks.

@@ -460,6 +460,7 @@ notes:
     fails when it starts (libvirt refuses a device in use).
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.resource_list
 seealso:
   - module: mlinfra.kvm.domain

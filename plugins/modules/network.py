@@ -120,6 +120,7 @@ notes:
     a dnsmasq that cannot run); those are what the restore covers.
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.libvirt.host_lock
 author:
   - mlinfra.kvm contributors (@mlinfra)
 '''

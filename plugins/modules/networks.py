@@ -165,6 +165,7 @@ notes:
     items of one list whose addresses overlap fail at the second, after the first was made.
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.resource_list
 seealso:
   - module: mlinfra.kvm.network

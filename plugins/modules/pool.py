@@ -111,6 +111,7 @@ notes:
     actions already done and the volumes already deleted.
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.libvirt.host_lock
 author:
   - mlinfra.kvm contributors (@mlinfra)
 '''

@@ -137,6 +137,7 @@ notes:
     out of RV(gathered) and never removed by O(state=overridden).
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.resource_list
 seealso:
   - module: mlinfra.kvm.pool

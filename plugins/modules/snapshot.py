@@ -86,6 +86,7 @@ options:
     default: false
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.libvirt.host_lock
 seealso:
   - module: mlinfra.kvm.snapshot_info
 author:
@@ -173,8 +174,10 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _snapshot as S
 from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host_lock import local_object_lock
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
 
 
@@ -325,7 +328,9 @@ def main() -> None:
 
     def runner() -> Dict[str, Any]:
         with Connection(module.params["uri"]) as conn:
-            return SnapshotRunner(module, S.SnapshotService(conn.conn)).run()
+            # The domain's host lock: a revert and a domain run on the same guest take turns.
+            with local_object_lock(is_local(conn.uri), "domain", module.params["domain"]):
+                return SnapshotRunner(module, S.SnapshotService(conn.conn)).run()
 
     run(module, runner)
 

@@ -80,12 +80,9 @@ options:
 notes:
   - Free-text options (O(name), O(pool), O(backing), O(import_from), O(capacity)) may not contain
     control characters (newlines, tabs, escapes); such values are refused before anything is done.
-  - With a local URI, each run holds a lock file C(/run/mlinfra/volume@POOL@NAME.lock) (or under
-    C(/tmp/mlinfra-UID) where C(/run/mlinfra) is not writable) while it works on the volume. Two
-    runs for the same volume at once serialise; the second sees the volume the first made and
-    reports it unchanged, and never resizes or uploads into a volume still being made. With a
-    remote URI there is no shared lock; libvirt's own refusals (the volume exists already, or is
-    still being allocated) are reported as clear errors instead.
+  - A volume's lock file is C(volume@POOL@NAME.lock). A second run for the same volume never
+    resizes or uploads into a volume still being made. With a remote URI, libvirt's refusals
+    (the volume exists already, or is still being allocated) are reported as clear errors.
   - A failure after something was changed reports C(changed=true) and lists in C(done) what was
     changed (for example a leftover temporary volume that was deleted).
   - The in-use check reads every defined domain's disks (persistent definition, and the live
@@ -93,6 +90,7 @@ notes:
     that uses the file through another path (a symlink) is not recognised.
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.libvirt.host_lock
 author:
   - mlinfra.kvm contributors (@mlinfra)
 '''

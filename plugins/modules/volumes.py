@@ -103,6 +103,7 @@ notes:
   - O(state=rendered) needs O(config[].capacity) - it reads no backing image (its format defaults to V(qcow2)).
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
+  - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.resource_list
 seealso:
   - module: mlinfra.kvm.volume
