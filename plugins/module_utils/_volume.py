@@ -82,6 +82,15 @@ class VolumeService:
                       (libvirt.VIR_ERR_NO_STORAGE_VOL,))
 
     def pool_available(self, pool: Any) -> int:
+        """Free bytes, as of a refresh now: libvirt's figures date from the pool's last refresh,
+        and files written beside libvirt (a copy by hand, another tool) count only after one.
+        Called only before a create, so a run with nothing to do pays nothing for it."""
+        try:
+            pool.refresh(0)
+        except libvirt.libvirtError:
+            # A pool with a volume being made refuses a refresh ("asynchronous jobs running"):
+            # its last figures are the best there is, and the write itself still reports ENOSPC.
+            pass
         return call("reading pool info", pool.info)[3]
 
     def describe(self, pool_name: str, vol: Optional[Any]) -> Dict[str, Any]:

@@ -103,8 +103,24 @@ def test_a_pool_that_fills_up_during_an_import_leaves_no_volume(libvirt_cleanup,
     assert volumes(pool) == [filler.name], "no volume under its name or the upload's temporary name"
     assert sorted(os.listdir(small_fs)) == [filler.name]
 
-    filler.unlink()
-    volumes(pool)  # libvirt counts the space free again after a refresh
+    filler.unlink()  # libvirt does not know yet: the module refreshes the pool before it counts
     results = four_ways("volume", args)
     assert results["apply"]["volume"]["capacity"] == 24 * MIB
     assert volumes(pool) == ["disk.raw"]
+
+
+def test_space_taken_beside_libvirt_is_counted(libvirt_cleanup, run_module, small_fs, tmp_path):
+    """libvirt's free space dates from the pool's last refresh: a file written into the pool's
+    directory afterwards must still count, or an import that cannot fit starts and dies on
+    ENOSPC instead of being refused before anything is written."""
+    pool = libvirt_cleanup + "beside"
+    made = run_module("pool", {"name": pool, "target": str(small_fs), "uri": URI})
+    assert not made["failed"], made
+    random_file(small_fs / "copied-by-hand.raw", 40)  # libvirt still counts ~64 MiB free
+    image = random_file(tmp_path / "disk.raw", 16)  # needs 32 MiB: the upload and its copy
+    for check in (True, False):
+        refused = run_module("volume", {"name": "disk.raw", "pool": pool, "import_from": image, "uri": URI},
+                             check=check)
+        assert refused["failed"] and refused["changed"] is False, refused
+        assert refused["msg"].startswith("option import_from: value %r needs 32.0 MiB" % image), refused["msg"]
+    assert sorted(os.listdir(small_fs)) == ["copied-by-hand.raw"]
