@@ -7,6 +7,7 @@ the repository's ansible.cfg (collections/ansible_collections/mlinfra/kvm -> the
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -137,3 +138,88 @@ def test_preflight_accepts_the_defaults(tmp_path, role):
     proc = run_playbook(play(tmp_path, role, role_vars, gather=role in ("nvidia_driver", "cuda")),
                         "--check", "--tags", "preflight")
     assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:], proc.stderr[-2000:])
+
+
+# -- secrets never in a process's arguments ------------------------------------------------------
+# /proc/PID/cmdline is readable by every user of the machine while the command runs: a secret
+# goes in on stdin, in the environment, or in a 0600 file.
+
+SECRET_WORD = re.compile(r"password|passwd|secret_key|token", re.I)
+JINJA = re.compile(r"{{(.*?)}}", re.S)
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def role_variables() -> dict:
+    """Every role default and var of the collection, as written (templates unrendered)."""
+    found = {}
+    for path in sorted(ROOT.glob("roles/*/defaults/main.yml")) + sorted(ROOT.glob("roles/*/vars/main.yml")):
+        found.update(yaml.safe_load(path.read_text()) or {})
+    return found
+
+
+def secret_variables(variables: dict) -> set:
+    """Variables whose value names a secret, directly or through another such variable."""
+    secret = {name for name in variables if SECRET_WORD.search(name)}
+    while True:
+        more = {name for name, value in variables.items() if name not in secret and any(
+            word in secret or SECRET_WORD.search(word)
+            for expr in JINJA.findall(str(value)) for word in IDENTIFIER.findall(expr))}
+        if not more:
+            return secret
+        secret |= more
+
+
+def command_arguments(tasks, where: str):
+    """(where, task name, argument) of every templated command/shell argument."""
+    for task in tasks or []:
+        if not isinstance(task, dict):
+            continue
+        for nested in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks"):
+            yield from command_arguments(task.get(nested), where)
+        for module in ("ansible.builtin.command", "ansible.builtin.shell", "command", "shell"):
+            args = task.get(module)
+            if isinstance(args, str):
+                args = {"cmd": args}
+            for key in ("argv", "cmd"):
+                value = (args or {}).get(key)
+                for item in value if isinstance(value, list) else [value] if value else []:
+                    if "{{" in str(item):
+                        yield where, task.get("name"), str(item)
+
+
+def leaks(arguments, secret: set) -> list:
+    """(where, task name, secret names) of each argument that templates a secret."""
+    found = []
+    for where, name, item in arguments:
+        words = {w for expr in JINJA.findall(item) for w in IDENTIFIER.findall(expr)}
+        named = sorted(w for w in words if w in secret or SECRET_WORD.search(w))
+        if named:
+            found.append((where, name, named))
+    return found
+
+
+def collection_command_arguments():
+    files = sorted(ROOT.glob("roles/*/tasks/*.yml")) + sorted(ROOT.glob("roles/*/handlers/*.yml")) + \
+        sorted(ROOT.glob("playbooks/*.yml"))
+    for path in files:
+        yield from command_arguments(yaml.safe_load(path.read_text()), str(path.relative_to(ROOT)))
+
+
+@pytest.mark.unit
+def test_no_secret_in_a_command_line():
+    secret = secret_variables(role_variables())
+    # The scan knows the store URI carries the database password (it is built from it).
+    assert "__mlflow_server_backend_uri" in secret and "__mlflow_server_backend_uri_argv" not in secret
+    assert leaks(collection_command_arguments(), secret) == []
+
+
+@pytest.mark.unit
+def test_the_secret_scan_finds_a_leak():
+    # The check above must be able to fail: the shapes the role had before (psql -v pw=..., and
+    # mlflow db upgrade with the store URI), one of them nested in a block.
+    tasks = [{"name": "leaky", "ansible.builtin.command": {
+        "argv": ["psql", "-v", "pw={{ __mlflow_server_credentials.db_password }}"]}},
+        {"block": [{"name": "nested", "ansible.builtin.command": {
+            "argv": ["mlflow", "db", "upgrade", "{{ __mlflow_server_backend_uri }}"]}}]}]
+    assert leaks(command_arguments(tasks, "x"), secret_variables(role_variables())) == [
+        ("x", "leaky", ["db_password"]), ("x", "nested", ["__mlflow_server_backend_uri"])]
