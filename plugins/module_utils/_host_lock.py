@@ -45,7 +45,7 @@ def _lock_dir() -> str:
                    "that runs the module" % ", ".join(LOCK_DIRS))
 
 
-def describe(kind: str, name: str, scope: Optional[str]) -> str:
+def object_label(kind: str, name: str, scope: Optional[str]) -> str:
     return "%s %s of pool %s" % (kind, name, scope) if scope else "%s %s" % (kind, name)
 
 
@@ -74,7 +74,7 @@ def object_lock(kind: str, name: str, scope: Optional[str] = None,
                 if time.monotonic() >= deadline:
                     raise ConflictError(
                         "%s is being changed by another run that still holds %s after %d s; nothing was "
-                        "changed. Wait for it to finish and run again." % (describe(kind, name, scope), path, timeout),
+                        "changed. Wait for it to finish and run again." % (object_label(kind, name, scope), path, timeout),
                         option="name", lock=path)
                 time.sleep(POLL_S)
         yield path
