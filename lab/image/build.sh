@@ -12,6 +12,8 @@
 #                                                # roles enable them where they belong)
 #   bash lab/image/build.sh --force              # rebuild even if the stamp matches
 #   bash lab/image/build.sh --print-paths        # print the output paths (KEY=path), build nothing
+#   bash lab/image/build.sh ... --progress-file F  # also append each step line to F as it
+#                                                # happens (tail -f F while Ansible waits)
 #
 # Cached: each image has a stamp file holding the hash of its recipe (this script, packages.txt,
 # files/*, the extra packages, the venv bundles' names and sizes). A run whose recipe hash equals the stamp does nothing. A rebuild
@@ -37,9 +39,10 @@ DISABLE_UNITS=""
 NAME=""
 FORCE=0
 PRINT_PATHS=0
+PROGRESS=""
 
 usage() {
-  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 while [ $# -gt 0 ]; do
@@ -56,13 +59,25 @@ while [ $# -gt 0 ]; do
     --name=*) NAME="${1#*=}"; shift ;;
     --force) FORCE=1; shift ;;
     --print-paths) PRINT_PATHS=1; shift ;;
+    --progress-file) PROGRESS="${2:?--progress-file needs a path}"; shift 2 ;;
+    --progress-file=*) PROGRESS="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 
 START=$(date +%s)
-step() { printf '[image %s +%ss] %s\n' "${NAME:-base}" "$(( $(date +%s) - START ))" "$*"; }
+if [ -n "$PROGRESS" ]; then  # on a fresh machine its directory (lab/build) does not exist yet
+  { mkdir -p "$(dirname "$PROGRESS")" && : >"$PROGRESS"; } || { echo "build.sh: cannot write --progress-file $PROGRESS" >&2; exit 2; }
+fi
+# Ansible shows a command's output only when it ends: with --progress-file each step line is
+# also appended to a file someone can follow while the build runs (the playbook names it).
+step() {
+  local line
+  line="$(printf '[image %s +%ss] %s' "${NAME:-base}" "$(( $(date +%s) - START ))" "$*")"
+  printf '%s\n' "$line"
+  if [ -n "$PROGRESS" ]; then printf '%s\n' "$line" >>"$PROGRESS"; fi
+}
 die() { echo "build.sh: $*" >&2; exit 1; }
 
 # Package list: packages.txt without comments, plus the extras (comma or space separated),
@@ -184,7 +199,7 @@ if [ -s "$ROOTFS_TAR" ]; then
   step "debootstrapped tree from the cache ($(basename "$ROOTFS_TAR"): same suite, mirror and packages)"
   tar -C "$ROOTFS" --numeric-owner --xattrs --xattrs-include='*' -xpf "$ROOTFS_TAR"
 else
-  step "debootstrap $SUITE (minbase + $(tr ',' '\n' <<<"$PACKAGES" | wc -l) packages; about 2 min)"
+  step "debootstrap $SUITE (minbase + $(tr ',' '\n' <<<"$PACKAGES" | wc -l) packages; about 2 min; its log: $TMP/debootstrap.log)"
   if ! debootstrap --variant=minbase --cache-dir="$CACHE" --include="$PACKAGES" \
         "$SUITE" "$ROOTFS" "$MIRROR" >"$TMP/debootstrap.log" 2>&1; then
     tail -n 40 "$TMP/debootstrap.log" >&2

@@ -150,6 +150,12 @@ def lab(tmp_path_factory, libvirtd):
     image = playbook("lab_image.yml", *EXTRA, log=logs / "lab-image.log")
     timings["image_s"] = round(time.monotonic() - start, 1)
     assert image.returncode == 0, tail(image.stdout)
+    # The build's step lines can be followed while it runs (the run names the file); by now the
+    # file holds this run's last step: the image built, or found up to date.
+    progress = Path(ROOT) / "lab" / "build" / "ml.progress.log"  # lab_image.yml: lab_image_progress
+    assert "tail -f %s" % progress in image.stdout, tail(image.stdout)
+    steps = progress.read_text().splitlines()
+    assert steps and re.search(r"^\[image ml \+\d+s\] (up to date|done: )", steps[-1]), steps
     yield logs, timings
     start = time.monotonic()
     down = playbook("teardown.yml", *EXTRA, log=logs / "teardown.log")
