@@ -40,11 +40,16 @@ TRAIN_ROWS = 1600  # 2000 generated rows, test_fraction 0.2
 PARAMS = {"epochs": 4, "lr": 0.003, "hidden": [32, 16], "dropout": 0.1, "batch_size": 200,
           "seed": 7, "precision": "auto", "dist_timeout_s": 60}
 # Records, per rank, what it moved into place and whether it imported mlflow; then runs train.py.
+# WRAP_SLOW_METRICS_S: rank 0 takes that many seconds to move metrics.json into place, the way
+# its save and MLflow upload after the last all-reduce outlast dist_timeout_s on a TCG guest.
 WRAPPER = r'''
-import atexit, json, os, runpy, sys
+import atexit, json, os, runpy, sys, time
 moved, real_replace = [], os.replace
 def replace(src, dst, *args, **kwargs):
-    moved.append(os.path.basename(os.fspath(dst)))
+    name = os.path.basename(os.fspath(dst))
+    if name == "metrics.json" and os.environ.get("RANK") == "0" and os.environ.get("WRAP_SLOW_METRICS_S"):
+        time.sleep(float(os.environ["WRAP_SLOW_METRICS_S"]))
+    moved.append(name)
     return real_replace(src, dst, *args, **kwargs)
 os.replace = replace
 @atexit.register
@@ -269,6 +274,26 @@ def test_a_dead_rank_fails_the_run(train) -> None:
     assert "rank 1: ML_TRAIN_DIE_AT_EPOCH=2" in run.err, run.tail()
     assert not (run.work / "model.pt").exists() and not (run.work / "metrics.json").exists()
     assert not run.result_lines()
+
+
+def test_rank_zero_may_finish_after_the_collective_timeout(train) -> None:
+    """The ranks leave through a barrier bounded by dist_finish_timeout_s: rank 1 waits there
+    longer than dist_timeout_s while rank 0 saves (stage-train failure of the lab, stop 27)."""
+    params = dict(PARAMS, epochs=2, dist_timeout_s=15)
+    run = train(nproc=2, params=params, WRAP_SLOW_METRICS_S="30")
+    assert run.rc == 0, run.tail()
+    assert run.wrap("0")["moved"][-1] == "metrics.json" and run.wrap("1")["moved"] == ["rank-1.json"]
+    [line] = run.result_lines()
+    assert line["world_size"] == 2
+
+
+def test_a_stuck_rank_zero_fails_the_job_at_the_finish_timeout(train) -> None:
+    params = dict(PARAMS, epochs=2, dist_timeout_s=15, dist_finish_timeout_s=5)
+    run = train(nproc=2, params=params, WRAP_SLOW_METRICS_S="120")
+    assert run.rc != 0, run.tail()
+    assert "rank 1 of 2 failed" in run.err, run.tail()
+    # torchrun stopped rank 0 while it was still saving: the job did not wait for it
+    assert not (run.work / "metrics.json").exists() and not run.result_lines(), run.tail()
 
 
 def _free_port() -> int:

@@ -12,7 +12,11 @@ Distributed data parallel: started by torchrun (WORLD_SIZE > 1, or RANK / LOCAL_
 environment), every process joins a torch.distributed process group (NCCL on cuda:LOCAL_RANK,
 gloo on CPU; param `dist_backend` or env ML_TRAIN_DIST_BACKEND, the env winning, overrides
 that) whose operations fail after param `dist_timeout_s` seconds (default 300) rather than
-hang on a dead peer. Each rank trains on its own disjoint shard of the training rows, the
+hang on a dead peer. The ranks leave together through a barrier of their own gloo group
+whose timeout is param `dist_finish_timeout_s` (default 1800): rank 0's evaluation, model save
+and MLflow upload after the last all-reduce are not collectives, and under emulation or with a
+slow tracking server they outlast `dist_timeout_s`. A rank 0 that dies meanwhile still fails
+the others at once (gloo sees its connection close). Each rank trains on its own disjoint shard of the training rows, the
 split of a DistributedSampler(shuffle=True, seed=seed, drop_last=True) at epoch 0, kept for
 the run and reshuffled within the shard each epoch for mini-batches; the model is wrapped in
 DistributedDataParallel, so gradients are averaged over the ranks. `batch_size` is the global
@@ -55,8 +59,9 @@ class Dist:
     """Where this process stands: plain (world 1, no process group) or one rank of torchrun's."""
 
     def __init__(self, enabled: bool, rank: int, world: int, device: torch.device,
-                 backend: Optional[str]) -> None:
+                 backend: Optional[str], finish_group: Optional[object] = None) -> None:
         self.enabled, self.rank, self.world, self.device, self.backend = enabled, rank, world, device, backend
+        self.finish_group = finish_group  # the group of the leave-together barrier
 
     @property
     def main(self) -> bool:
@@ -86,7 +91,10 @@ def setup_dist(params: Dict) -> Dist:
     if backend == "nccl":
         kwargs["device_id"] = device  # the communicator is made now, bound to this GPU
     dist.init_process_group(**kwargs)  # env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
-    return Dist(True, dist.get_rank(), dist.get_world_size(), device, backend)
+    # gloo whatever the training backend: the barrier holds no tensor, only the ranks' exit.
+    finish = dist.new_group(backend="gloo",
+                            timeout=timedelta(seconds=float(params.get("dist_finish_timeout_s", 1800))))
+    return Dist(True, dist.get_rank(), dist.get_world_size(), device, backend, finish)
 
 
 def build_model(features: int, hidden: List[int], dropout: float) -> nn.Module:
@@ -292,7 +300,9 @@ def main() -> int:
         # Every rank leaves together: rank 0 still evaluates, saves and logs after the last
         # all-reduce, and a rank that tore its process group down meanwhile was seen to abort
         # (SIGABRT) on its way out when the ranks run under torchrun agents on separate nodes.
-        dist.barrier()
+        # The wait is bounded by dist_finish_timeout_s, not dist_timeout_s: importing mlflow
+        # and uploading the model took rank 0 over a minute on a TCG guest.
+        dist.barrier(group=ctx.finish_group)
     except BaseException:  # noqa: B902 - any failure: leave now, without waiting on the peers
         traceback.print_exc()
         print("rank %d of %d failed" % (ctx.rank, ctx.world), file=sys.stderr)
