@@ -429,12 +429,22 @@ def test_monitoring_on_the_lab(lab, tmp_path):
     assert page["plotted_series"] > 0, page
 
     # A worker forced off: VMNotRunning reaches the receiver, and clears once it runs again.
+    # Meanwhile, on the other worker, a stage whose command fails (a train command made to fail,
+    # beside the real pipeline): one ml_stage run, as the pipeline role runs its stages. Both
+    # alerts are waited for together, and the drill never races a guest's boot.
     import libvirt
     conn = libvirt.open("qemu:///system")
     try:
         worker = conn.lookupByName("mlinfra-worker-1")
         forced = time.time()
         worker.destroy()
+        drill_start = time.time()
+        proc = ansible_on_guest(guest_address("mlinfra-worker-2"), "mlinfra.kvm.ml_stage", {
+            "name": "train-drill", "chdir": "/var/tmp",
+            "cmd": ["python3", "-c", "import sys; sys.exit('drill command failed on purpose')"],
+            "metrics_textfile_dir": "/var/lib/prometheus/node-exporter", "metrics_labels": {"pipeline": "alert-drill"}},
+            log=logs / "stage-drill.log")
+        assert proc.returncode != 0 and "drill command failed on purpose" in proc.stdout, tail(proc.stdout)
         deadline = VM_DOWN_FOR_S + 2 * LAB_SCRAPE_S + LAB_GROUP_WAIT_S + 45  # slack: TCG guests, 2 cores
         fired = poll("VMNotRunning firing for mlinfra-worker-1 at the receiver",
                      lambda: alert_seen(tracking, "VMNotRunning", "firing", forced, domain="mlinfra-worker-1"),
@@ -444,33 +454,23 @@ def test_monitoring_on_the_lab(lab, tmp_path):
         worker.create()
     finally:
         conn.close()
+    alert = poll("PipelineStageFailed at the receiver",
+                 lambda: alert_seen(tracking, "PipelineStageFailed", "firing", drill_start, stage="train-drill"),
+                 3 * LAB_SCRAPE_S + LAB_GROUP_WAIT_S + 90, every_s=5)
+    assert alert["labels"].get("pipeline") == "alert-drill", alert
+    assert alert["labels"].get("host") == "mlinfra-worker-2", alert
+    timings["stage_failed_alert_s"] = round(alert["received_at"] - drill_start, 1)
     poll("VMNotRunning resolved for mlinfra-worker-1",
          lambda: alert_seen(tracking, "VMNotRunning", "resolved", restarted, domain="mlinfra-worker-1"),
          LAB_SCRAPE_S * 3 + 120, every_s=5)
     timings["vm_down_alert_cleared_s"] = round(time.time() - restarted, 1)
     # Running (what the alert clears on) comes long before the guest's sshd and node exporter
-    # answer under TCG: the drill below needs both, so wait for them rather than race them.
-    worker_1 = guest_address("mlinfra-worker-1")
+    # answer under TCG: the worker is back when both do.
     poll("mlinfra-worker-1 answering SSH after its restart",
-         lambda: ssh_answers(worker_1), 300, every_s=5)
+         lambda: ssh_answers(guest_address("mlinfra-worker-1")), 300, every_s=5)
     poll("mlinfra-worker-1's node exporter scraped up again",
          lambda: node_target_up(base, "mlinfra-worker-1"), 3 * LAB_SCRAPE_S + 60, every_s=5)
     timings["vm_restart_ssh_and_scrape_s"] = round(time.time() - restarted, 1)
-
-    # A stage whose command fails (a train command made to fail, beside the real pipeline):
-    # one ml_stage run on the worker, as the pipeline role runs its stages.
-    start = time.time()
-    proc = ansible_on_guest(worker_1, "mlinfra.kvm.ml_stage", {
-        "name": "train-drill", "chdir": "/var/tmp",
-        "cmd": ["python3", "-c", "import sys; sys.exit('drill command failed on purpose')"],
-        "metrics_textfile_dir": "/var/lib/prometheus/node-exporter", "metrics_labels": {"pipeline": "alert-drill"}},
-        log=logs / "stage-drill.log")
-    assert proc.returncode != 0 and "drill command failed on purpose" in proc.stdout, tail(proc.stdout)
-    alert = poll("PipelineStageFailed at the receiver",
-                 lambda: alert_seen(tracking, "PipelineStageFailed", "firing", start, stage="train-drill"),
-                 3 * LAB_SCRAPE_S + LAB_GROUP_WAIT_S + 90, every_s=5)
-    assert alert["labels"].get("pipeline") == "alert-drill", alert
-    timings["stage_failed_alert_s"] = round(alert["received_at"] - start, 1)
 
 
 def ssh_answers(address: str) -> bool:
