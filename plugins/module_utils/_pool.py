@@ -16,6 +16,7 @@ from ._host_lock import local_object_lock
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
 from ._libvirt_guards import DiskUsage
 from ._validate import object_name, plain_text
+from ._volume_io import PARTIAL_SUFFIX
 from ._resource_list import ResourceKind, read_listed
 from . import _xml as X
 
@@ -150,6 +151,10 @@ class PoolService:
 
     def volumes(self, pool: Any) -> List[Any]:
         return call("listing volumes of pool %s" % pool.name(), pool.listAllVolumes, 0)
+
+    def volume(self, pool: Any, name: str) -> Optional[Any]:
+        return lookup("looking up volume %s" % name, pool.storageVolLookupByName, name,
+                      (libvirt.VIR_ERR_NO_STORAGE_VOL,))
 
     def delete_volume(self, vol: Any) -> None:
         call("deleting volume %s" % vol.name(), vol.delete, 0)
@@ -316,7 +321,33 @@ class PoolRunner:
         for vol in volumes:
             self.tracker.action("delete volume %s" % vol.name())
             if not self.check:
+                self.delete_volume_locked(pool, vol.name())
+        if not self.check:
+            self.delete_volumes_made_meanwhile(pool)
+
+    def delete_volume_locked(self, pool: Any, name: str) -> None:
+        """Delete one volume under its own host lock (an import's temporary under the lock of the
+        volume it becomes), so that a volume run still allocating or uploading it finishes first:
+        a purge never deletes a volume half made. What that run left is looked up again."""
+        owner = name[:-len(PARTIAL_SUFFIX)] if name.endswith(PARTIAL_SUFFIX) else name
+        with local_object_lock(self.local, "volume", owner, scope=pool.name()):
+            vol = self.service.volume(pool, name)
+            if vol is not None:  # else the run that held the lock removed or renamed it
                 self.service.delete_volume(vol)
+
+    def delete_volumes_made_meanwhile(self, pool: Any) -> None:
+        """A volume run that held a lock above may have finished an import into a new name: delete
+        what appeared, a few passes at most (a run that keeps making volumes is a conflict)."""
+        for _attempt in range(3):
+            left = sorted(vol.name() for vol in self.service.volumes(pool))
+            if not left:
+                return
+            for name in left:
+                self.purged.append(name)
+                self.tracker.action("delete volume %s" % name)
+                self.delete_volume_locked(pool, name)
+        raise ConflictError("purging pool %s: volumes keep appearing (%s); another run is making volumes in it. "
+                            "Stop that run, then purge again." % (pool.name(), ", ".join(left)), option="purge")
 
     def predicted_volumes(self, pool: Any) -> List[str]:
         spec = spec_from_xml(self.service.inactive_xml(pool))

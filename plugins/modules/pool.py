@@ -109,6 +109,9 @@ notes:
     pool (from its directory); libvirt lists them once the real run has started the pool.
   - A failure after a side effect (a purge that stops half way) reports C(changed=true), the
     actions already done and the volumes already deleted.
+  - O(purge) deletes each volume under that volume's host lock (see the host lock note). A
+    volume run still allocating or importing it (M(mlinfra.kvm.volume)) finishes first, and
+    volumes that such a run made meanwhile are deleted too and listed in RV(purged).
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock

@@ -4,7 +4,8 @@ First, deterministically: while this test holds an object's lock (as another run
 module run for that object opens the lock and waits, and acts on nothing; the test makes the
 object meanwhile, as the other run would, and once the lock is released the waiting run reads it
 and reports it unchanged. Without the locks the run would have made the object itself and
-then collided, so the test fails. Then the user's scenario:
+then collided, so the test fails. A pool purge waits the same way on a volume's lock. Then the
+user's scenario:
 
 The play declares a pool, volumes, networks and domains through the list modules, as the
 hypervisor role does. Both runs must succeed, every object must be made exactly once (one run
@@ -19,8 +20,9 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
 import libvirt
 import pytest
@@ -159,6 +161,26 @@ def wait_until_it_opens(proc: subprocess.Popen, path: str, within_s: float = 120
     pytest.fail("the run never opened %s in %d s" % (path, within_s))
 
 
+@contextmanager
+def module_waiting_on(path: str, name: str, args: Dict) -> Iterator[subprocess.Popen]:
+    """Start module ``name``, wait until it waits on the lock ``path`` (which the caller holds);
+    the body then acts as the lock's holder. A failing body kills the module run."""
+    proc = start_module(name, args)
+    try:
+        wait_until_it_opens(proc, path)
+        yield proc
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
+def finished_result(proc: subprocess.Popen) -> Dict:
+    out, err = proc.communicate(timeout=300)
+    assert "Traceback" not in err, err
+    return json.loads(out[out.index("{"):])
+
+
 def make_network(conn, xml: str) -> None:
     conn.networkDefineXML(xml).create()
 
@@ -181,21 +203,44 @@ def test_a_run_waits_for_a_held_lock_then_finds_the_object_made(kind, libvirt_cl
     rendered = run_module_process(module, {"state": "rendered", "config": [item]})
     assert not rendered["failed"], rendered
     args = {"uri": URI, "config": [item]}
-    with _host_lock.object_lock(kind, name) as path:
-        proc = start_module(module, args)
-        try:
-            wait_until_it_opens(proc, path)
-            conn = libvirt.open(URI)
-            try:  # what the other run does while it holds the lock
-                make(conn, rendered["rendered"][name])
-            finally:
-                conn.close()
-        except BaseException:
-            proc.kill()
-            proc.communicate()
-            raise
-    out, err = proc.communicate(timeout=300)
-    assert "Traceback" not in err, err
-    result = json.loads(out[out.index("{"):])
+    with _host_lock.object_lock(kind, name) as path, module_waiting_on(path, module, args) as proc:
+        conn = libvirt.open(URI)
+        try:  # what the other run does while it holds the lock
+            make(conn, rendered["rendered"][name])
+        finally:
+            conn.close()
+    result = finished_result(proc)
     assert not result.get("failed") and result["changed"] is False, result
     assert result["objects"][name]["changed"] is False, result
+
+
+def test_a_purge_waits_for_a_volume_run_then_deletes_what_it_left(libvirt_cleanup, tmp_path):
+    """pool state=absent purge=true deletes each volume under that volume's lock: while another
+    run holds it (allocating or uploading), the purge waits instead of deleting a volume half made,
+    and afterwards it also deletes what that run made meanwhile."""
+    pool = libvirt_cleanup + "purgepool"
+    made = run_module_process("pool", {"uri": URI, "name": pool, "target": str(tmp_path / "pool")})
+    assert not made.get("failed"), made
+    for name in ("d0.qcow2", "d1.qcow2"):
+        vol = run_module_process("volume", {"uri": URI, "pool": pool, "name": name, "capacity": "16M"})
+        assert not vol.get("failed"), vol
+    purge = {"uri": URI, "name": pool, "state": "absent", "purge": True}
+    with _host_lock.object_lock("volume", "d1.qcow2", scope=pool) as path, \
+            module_waiting_on(path, "pool", purge) as proc:
+        conn = libvirt.open(URI)
+        try:  # the purge waits on d1 (d0 is gone already); d1 is still there
+            assert conn.storagePoolLookupByName(pool).listVolumes() == ["d1.qcow2"]
+        finally:
+            conn.close()
+        # what the run holding d1's lock finishes meanwhile: another volume of the pool
+        late = run_module_process("volume", {"uri": URI, "pool": pool, "name": "late.qcow2", "capacity": "16M"})
+        assert not late.get("failed") and late["changed"], late
+    result = finished_result(proc)
+    assert not result.get("failed") and result["changed"], result
+    assert result["purged"] == ["d0.qcow2", "d1.qcow2", "late.qcow2"], result
+    conn = libvirt.open(URI)
+    try:
+        assert pool not in [p.name() for p in conn.listAllStoragePools()]
+    finally:
+        conn.close()
+    assert not (tmp_path / "pool").exists()
