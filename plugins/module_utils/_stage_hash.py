@@ -35,6 +35,8 @@ import stat as _stat
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from ._atomic_file import write_bytes_atomic
+
 try:
     import xxhash  # type: ignore
     HAS_XXHASH = True
@@ -242,7 +244,6 @@ class StatCache:
         """Write the parts that changed, atomically; True when anything was written."""
         if not self.path:
             return False
-        from ._stage_lock import write_bytes_atomic  # local import: no cycle at load time
         written = False
         if self._files is not None:
             files = self._files

@@ -24,10 +24,10 @@ import hashlib
 import json
 import os
 import socket
-import tempfile
 import time
 from typing import Any, Dict, Optional, Tuple
 
+from ._atomic_file import write_bytes_atomic
 from ._errors import KvmError
 
 LOCK_FORMAT = 1
@@ -40,46 +40,6 @@ def canonical_json(data: Any) -> str:
     """The one serialisation hashed into keys: sorted keys, no spaces, no NaN."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_bytes_atomic(path: str, data: bytes, fsync: bool = True, mode: int = 0o644) -> None:
-    """Temp file in the same directory, write, fsync, rename over ``path``, fsync the dir.
-
-    A reader sees the old file or the new one, never a torn one; a crash leaves at most a
-    stray ``.tmp`` file, never a half-written ``path``.
-    """
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if fsync:
-        _fsync_dir(directory)
 
 
 def write_json_atomic(path: str, data: Any, mode: int = PRIVATE) -> None:

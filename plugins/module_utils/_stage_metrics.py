@@ -22,7 +22,8 @@ from datetime import datetime
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._errors import InvalidInputError
-from ._stage_lock import write_bytes_atomic, write_json_atomic
+from ._atomic_file import write_bytes_atomic
+from ._stage_lock import write_json_atomic
 
 STATS_FORMAT = 1
 PREFIX = "mlinfra_stage_"

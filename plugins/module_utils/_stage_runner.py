@@ -22,11 +22,12 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ._atomic_file import write_bytes_atomic
 from ._errors import InvalidInputError, KvmError
 from ._stage_hash import (Hasher, IgnoreMatcher, SpecialFileError, StatCache, choose_algorithm,
                           hash_bytes, is_glob, public, special_kind)
 from ._stage_lock import (LOCK_FORMAT, FileLock, StageBusyError, StageFiles, canonical_json,
-                          open_private, write_bytes_atomic)
+                          open_private)
 from ._stage_proc import (TOKEN_VAR, RunRecord, describe, new_token, processes_with_token,
                           supervised_argv, wait_for_exit)
 from ._stage_spec import StageSpec, flatten, special_input

@@ -15,9 +15,9 @@ modprobe.d or GRUB drop-in behind.
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any, Dict, List, Optional
 
+from ._atomic_file import write_bytes_atomic
 from ._errors import InvalidInputError, KvmError
 
 ROOTS_ARGSPEC: Dict[str, Any] = dict(
@@ -100,20 +100,10 @@ def write_attr(path: str, value: str) -> None:
 
 
 def write_file_atomic(path: str, content: str, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``content`` through a temporary file in the same directory."""
-    directory = os.path.dirname(path)
+    """Replace ``path`` with ``content`` through a temporary file in the same directory, flushed
+    to disk before the rename (a drop-in under /etc that a crash must not leave empty)."""
     try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".mlinfra-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(content)
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_bytes_atomic(path, content.encode("utf-8"), mode=mode)
     except OSError as exc:
         raise KvmError("cannot write %s: %s" % (path, exc), path=path)
 

@@ -15,6 +15,7 @@ from conftest import COLLECTIONS
 
 sys.path.insert(0, str(COLLECTIONS))
 
+from ansible_collections.mlinfra.kvm.plugins.module_utils import _atomic_file as A  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _stage_hash as H  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils import _stage_lock as L  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError  # noqa: E402
@@ -192,7 +193,7 @@ def test_lock_readers_never_see_a_torn_file(tmp_path: Path) -> None:
         n = 0
         while time.monotonic() < stop:
             n += 1
-            L.write_bytes_atomic(target, json.dumps({"n": n, "pad": "x" * 200000}).encode(), fsync=False)
+            A.write_bytes_atomic(target, json.dumps({"n": n, "pad": "x" * 200000}).encode(), fsync=False)
 
     t = threading.Thread(target=writer)
     t.start()
