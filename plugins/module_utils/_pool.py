@@ -16,7 +16,7 @@ from ._host_lock import local_object_lock
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
 from ._libvirt_guards import DiskUsage
 from ._validate import object_name, plain_text
-from ._volume_io import PARTIAL_SUFFIX
+from ._volume_io import lock_name
 from ._resource_list import ResourceKind, read_listed
 from . import _xml as X
 
@@ -306,31 +306,32 @@ class PoolRunner:
             % (pool.name(), listing), option="force", volumes_in_use=in_use)
 
     def purge_volumes(self, pool: Any) -> None:
-        """Delete every volume (the list lands in ``purged`` before the first deletion)."""
+        """Delete every volume (each lands in ``purged`` just before its deletion)."""
+        self.purged = []
         if not pool.isActive():
             self.tracker.action("start (to purge volumes)")
             if self.check:
                 # Listing needs a running pool; predict from the directory where we can.
-                self.purged = self.predicted_volumes(pool)
-                for name in self.purged:
-                    self.tracker.action("delete volume %s" % name)
+                self.delete_in_turn(pool, self.predicted_volumes(pool))
                 return
             self.service.start(pool)
-        volumes = sorted(self.service.volumes(pool), key=lambda v: v.name())
-        self.purged = [vol.name() for vol in volumes]
-        for vol in volumes:
-            self.tracker.action("delete volume %s" % vol.name())
-            if not self.check:
-                self.delete_volume_locked(pool, vol.name())
+        self.delete_in_turn(pool, sorted(vol.name() for vol in self.service.volumes(pool)))
         if not self.check:
             self.delete_volumes_made_meanwhile(pool)
 
+    def delete_in_turn(self, pool: Any, names: List[str]) -> None:
+        """Record and (in a real run) delete each volume, in order, each under its lock."""
+        for name in names:
+            self.purged.append(name)
+            self.tracker.action("delete volume %s" % name)
+            if not self.check:
+                self.delete_volume_locked(pool, name)
+
     def delete_volume_locked(self, pool: Any, name: str) -> None:
-        """Delete one volume under its own host lock (an import's temporary under the lock of the
-        volume it becomes), so that a volume run still allocating or uploading it finishes first:
-        a purge never deletes a volume half made. What that run left is looked up again."""
-        owner = name[:-len(PARTIAL_SUFFIX)] if name.endswith(PARTIAL_SUFFIX) else name
-        with local_object_lock(self.local, "volume", owner, scope=pool.name()):
+        """Delete one volume under its own host lock, so that a volume run still allocating or
+        uploading it finishes first: a purge never deletes a volume half made. What that run
+        left is looked up again."""
+        with local_object_lock(self.local, "volume", lock_name(name), scope=pool.name()):
             vol = self.service.volume(pool, name)
             if vol is not None:  # else the run that held the lock removed or renamed it
                 self.service.delete_volume(vol)
@@ -342,10 +343,7 @@ class PoolRunner:
             left = sorted(vol.name() for vol in self.service.volumes(pool))
             if not left:
                 return
-            for name in left:
-                self.purged.append(name)
-                self.tracker.action("delete volume %s" % name)
-                self.delete_volume_locked(pool, name)
+            self.delete_in_turn(pool, left)
         raise ConflictError("purging pool %s: volumes keep appearing (%s); another run is making volumes in it. "
                             "Stop that run, then purge again." % (pool.name(), ", ".join(left)), option="purge")
 

@@ -39,6 +39,12 @@ def partial_name(name: str) -> str:
     return name + PARTIAL_SUFFIX
 
 
+def lock_name(name: str) -> str:
+    """The volume whose host lock covers ``name``: an import's temporary is under the lock of
+    the volume it becomes (the lock the importing run holds)."""
+    return name[:-len(PARTIAL_SUFFIX)] if name.endswith(PARTIAL_SUFFIX) else name
+
+
 # -- verified upload -------------------------------------------------------------------------
 
 def stream_file(path: str, size: int, send: Callable[[bytes], Any]) -> int:

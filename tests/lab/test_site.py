@@ -30,9 +30,9 @@ import yaml
 
 from conftest import ROOT
 
-# In `make test` and CI: about 30 minutes here (lab image, two site.yml runs, the monitoring
-# drills, teardown) now that the guests' venvs come baked into the lab image. MLKVM_LAB_TEST=0 leaves it out when a
-# quicker `make test` is wanted.
+# In `make test` and CI: about 38 minutes here (lab image, two site.yml runs, the monitoring
+# drills, teardown) now that the guests' venvs come baked into the lab image. MLKVM_LAB_TEST=0
+# leaves it out when a quicker `make test` is wanted.
 pytestmark = [
     pytest.mark.lab,
     pytest.mark.skipif(os.environ.get("MLKVM_LAB_TEST") == "0",

@@ -16,7 +16,9 @@ hang on a dead peer. The ranks leave together through a barrier of their own glo
 whose timeout is param `dist_finish_timeout_s` (default 1800): rank 0's evaluation, model save
 and MLflow upload after the last all-reduce are not collectives, and under emulation or with a
 slow tracking server they outlast `dist_timeout_s`. A rank 0 that dies meanwhile still fails
-the others at once (gloo sees its connection close). Each rank trains on its own disjoint shard of the training rows, the
+the others at once (gloo sees its connection close).
+
+Each rank trains on its own disjoint shard of the training rows, the
 split of a DistributedSampler(shuffle=True, seed=seed, drop_last=True) at epoch 0, kept for
 the run and reshuffled within the shard each epoch for mini-batches; the model is wrapped in
 DistributedDataParallel, so gradients are averaged over the ranks. `batch_size` is the global
