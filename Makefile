@@ -15,13 +15,14 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 	prometheus prometheus-alertmanager prometheus-node-exporter prometheus-libvirt-exporter \
 	prometheus-blackbox-exporter daemon chromium chromium-driver
 
-.PHONY: help setup apt venv vendor daemons test test-unit test-integration test-vm test-container test-lab test-molecule test-gpu-host \
+.PHONY: help setup apt venv vendor daemons test test-unit test-gates test-integration test-vm test-container test-lab test-molecule test-gpu-host \
 	image lab teardown bench build clean sanity lint changelog
 
 help:
 	@echo "make setup             install Debian packages, create .venv, start libvirtd/virtlogd"
-	@echo "make test              every test tier (unit, integration beside container, vm beside gpu_host, lab)"
+	@echo "make test              every test tier (unit, integration beside container and gates, vm beside gpu_host, lab)"
 	@echo "make test-unit         fast tier: no daemon (seconds)"
+	@echo "make test-gates        ansible-test sanity and ansible-lint (about 2 min; tool venvs built on first use)"
 	@echo "make test-integration  real libvirtd on qemu:///system, no guests (a minute)"
 	@echo "make test-vm           boots TCG guests from the debootstrap image, the GPU host proof beside (minutes)"
 	@echo "make test-container    the Molecule scenarios that run in podman (cuda; minutes)"
@@ -72,10 +73,13 @@ daemons:
 # the GPU host proof's one guest beside the vm tier's one guest at a time. Guest images are
 # built in the background meanwhile.
 test: setup
-	@scripts/run-tests.sh unit integration+container vm+gpu_host lab
+	@scripts/run-tests.sh unit integration+container+gates vm+gpu_host lab
 
 test-unit: venv
 	@scripts/run-tests.sh unit
+
+test-gates: venv
+	@scripts/run-tests.sh gates
 
 test-integration: setup
 	@scripts/run-tests.sh integration

@@ -2,7 +2,8 @@
 
 Tiers (pytest markers, see README): unit (no daemon), integration (real libvirtd on
 qemu:///system, no guests), vm (boots real TCG guests), gpu_host (the vfio-pci proof in a nested
-GPU host), container (Molecule in podman), lab (site.yml end to end).
+GPU host), container (Molecule in podman), gates (ansible-test sanity, ansible-lint), lab
+(site.yml end to end).
 
 ``run_module`` executes a module of the collection the way Ansible does on a target: a
 fresh Python process reading its arguments as JSON on stdin, with ``_ansible_check_mode``
@@ -241,7 +242,7 @@ def pytest_sessionfinish(session, exitstatus):  # noqa: D103 - this session's le
         pass
 
 
-TIERS = ("unit", "integration", "vm", "gpu_host", "container", "lab")
+TIERS = ("unit", "gates", "integration", "vm", "gpu_host", "container", "lab")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ROOT, checkout_shell_env
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.gates
 VENV_BIN = Path(ROOT) / ".venv" / "bin"
 
 
