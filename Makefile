@@ -20,7 +20,7 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 
 help:
 	@echo "make setup             install Debian packages, create .venv, start libvirtd/virtlogd"
-	@echo "make test              every test tier (unit, integration beside container and gates, vm beside gpu_host, lab)"
+	@echo "make test              every test tier (unit beside gates, integration beside container, vm beside gpu_host, lab)"
 	@echo "make test-unit         fast tier: no daemon (seconds)"
 	@echo "make test-gates        ansible-test sanity and ansible-lint (about 2 min; tool venvs built on first use)"
 	@echo "make test-integration  real libvirtd on qemu:///system, no guests (a minute)"
@@ -73,7 +73,7 @@ daemons:
 # the GPU host proof's one guest beside the vm tier's one guest at a time. Guest images are
 # built in the background meanwhile.
 test: setup
-	@scripts/run-tests.sh unit integration+container+gates vm+gpu_host lab
+	@scripts/run-tests.sh unit+gates integration+container vm+gpu_host lab
 
 test-unit: venv
 	@scripts/run-tests.sh unit

@@ -59,7 +59,7 @@ wait_prebuild() {  # the build records its own wall time (prebuild-images.sh); h
 
 guest_tiers=()
 fast_first=0
-case "${1:-}" in unit|integration) fast_first=1 ;; esac
+case "${1:-}" in unit|unit+*|integration|integration+*) fast_first=1 ;; esac
 for group in "$@"; do
   IFS=+ read -r -a parts <<<"$group"
   for tier in "${parts[@]}"; do case "$tier" in vm|gpu_host|lab|container) guest_tiers+=("$tier") ;; esac; done
