@@ -69,7 +69,9 @@ daemons:
 	@scripts/ensure-libvirtd.sh
 
 # Side by side where one tier leaves a core idle (scripts/run-tests.sh prints how busy the machine
-# was during each): the podman scenario beside the integration tier (neither boots a guest),
+# was during each): the sanity and lint gates beside the unit tier (beside integration they
+# slowed it by as much as they saved), the podman scenario beside the integration tier (neither
+# boots a guest),
 # the GPU host proof's one guest beside the vm tier's one guest at a time. Guest images are
 # built in the background meanwhile.
 test: setup

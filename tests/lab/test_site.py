@@ -30,7 +30,7 @@ import yaml
 
 from conftest import ROOT
 
-# In `make test` and CI: about 38 minutes here (lab image, two site.yml runs, the monitoring
+# In `make test` and CI: about 35 minutes here (lab image, two site.yml runs, the monitoring
 # drills, teardown) now that the guests' venvs come baked into the lab image. MLKVM_LAB_TEST=0
 # leaves it out when a quicker `make test` is wanted.
 pytestmark = [
