@@ -44,7 +44,7 @@ TIMINGS = Path(ROOT) / "lab" / "build" / "lab-test-timings.json"
 EXTRA = ["-e", "mlinfra_worker_count=2"]
 WORKERS = ["mlinfra-worker-1", "mlinfra-worker-2"]
 # inventories/lab's pipeline_train_params (the param-change runs give the whole mapping).
-TRAIN_PARAMS = {"epochs": 6, "lr": 0.003, "hidden": [256, 128], "dropout": 0.1, "batch_size": 0, "seed": 7,
+TRAIN_PARAMS = {"epochs": 4, "lr": 0.003, "hidden": [64, 32], "dropout": 0.1, "batch_size": 0, "seed": 7,
                 "precision": "auto", "dist_timeout_s": 60}
 RANK_PROCESS = "-u code/train.py"  # torchrun starts each rank as `python -u code/train.py ...`
 
@@ -298,7 +298,8 @@ def test_pipeline_survives_interruptions(lab):
 
     # 2. One rank dies mid-training: both workers fail within dist_timeout_s (60) plus the
     # agents' teardown, the job's MLflow run ends FAILED, no rank stays behind.
-    params = {"pipeline_train_params": dict(TRAIN_PARAMS, lr=0.0005)}
+    # 40 epochs: the lab's small model trains its 4 in seconds, and the rank must die mid-job.
+    params = {"pipeline_train_params": dict(TRAIN_PARAMS, lr=0.0005, epochs=40)}
     proc = start_playbook(logs / "kill-rank.log", "-e", json.dumps(params))
     try:
         poll("rank process on %s" % WORKERS[1], lambda: rank_pids(addresses[1]), 900, every_s=2)
