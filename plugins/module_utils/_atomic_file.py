@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Callable, Optional, Tuple
 
 
 def fsync_dir(path: str) -> None:
@@ -30,22 +31,30 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_bytes_atomic(path: str, data: bytes, fsync: bool = True, mode: int = 0o644) -> None:
+def write_bytes_atomic(path: str, data: bytes, fsync: bool = True, mode: int = 0o644,
+                       owner: Optional[Tuple[int, int]] = None,
+                       check: Optional[Callable[[str], None]] = None) -> None:
     """Replace ``path`` with ``data`` (mode ``mode``) through a temporary file beside it.
 
     A reader sees the old file or the new one, never a torn one; a crash leaves at most a stray
-    ``.NAME.*.tmp`` file, never a half-written ``path``. Raises OSError.
+    ``.NAME.*.tmp`` file, never a half-written ``path``. ``owner`` (uid, gid) is set on the
+    temporary file too; ``check(tmp_path)`` runs on the finished temporary file and may raise to
+    keep ``path`` as it was (the temporary file is removed). Raises OSError.
     """
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
+            if owner is not None:
+                os.fchown(handle.fileno(), owner[0], owner[1])
             handle.write(data)
             handle.flush()
             if fsync:
                 os.fsync(handle.fileno())
         os.chmod(tmp, mode)
+        if check is not None:
+            check(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -185,3 +185,55 @@ def test_alertmanager_config_passes_amtool(tmp_path, email):
     config = yaml.safe_load(out.read_text())
     assert config["receivers"][0]["webhook_configs"][0]["url"] == "http://127.0.0.1:9095/"
     assert len(config["receivers"]) == (2 if email else 1)
+
+
+def test_config_files_writes_what_the_template_module_wrote(tmp_path):
+    """config.yml writes the server's files with mlinfra.kvm.config_files from template lookups.
+    Where the template module wrote the same files first, it finds nothing to change: the
+    lookups render byte for byte what the template module renders (trailing newlines,
+    ansible_managed), and the receiver script comes unstripped."""
+    import grp
+    import os
+    import pwd
+    import re
+    role_vars = yaml.safe_load((ROLE / "vars/main.yml").read_text())
+    entries = [dict(e) for key in ("__monitoring_prometheus_config_files", "__monitoring_alertmanager_config_files",
+                                   "__monitoring_blackbox_config_files", "__monitoring_receiver_config_files")
+               for e in role_vars[key]]
+    out = tmp_path / "out"
+    out.mkdir()
+    me, mine = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
+    first = []
+    for e in entries:
+        e.update(path=str(out / Path(e["path"]).name), owner=me, group=mine)
+        e.pop("validate", None)  # promtool and amtool checks: tests above
+        source = re.search(r"lookup\('ansible\.builtin\.(template|file)', '([^']+)'", e["content"])
+        if source.group(1) == "template":
+            first.append({"name": "template module: %s" % source.group(2), "ansible.builtin.template": {
+                "src": source.group(2), "dest": e["path"], "mode": e["mode"]}})
+        else:
+            first.append({"name": "copy module: %s" % source.group(2), "ansible.builtin.copy": {
+                "src": source.group(2), "dest": e["path"], "mode": e["mode"]}})
+    assert len(first) == 9, [t["name"] for t in first]
+    # The play's own templates/ and files/ are the role's: lookups search them as they search a role's.
+    (tmp_path / "templates").symlink_to(ROLE / "templates")
+    (tmp_path / "files").symlink_to(ROLE / "files")
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "template module, then config_files", "hosts": "localhost", "gather_facts": False,
+        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
+        "vars": {"__monitoring_targets": "{{ __monitoring_targets_list | from_json }}"},
+        "tasks": first + [
+            {"name": "config_files", "mlinfra.kvm.config_files": {"files": entries}, "register": "again"},
+            {"name": "nothing to change", "ansible.builtin.assert": {
+                "that": ["not again.changed", "again.changed_paths == []"], "fail_msg": "{{ again.files | to_json }}"}}],
+    }], sort_keys=False))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "hypervisors": {"hosts": {"hv1": {"monitoring_address": "192.0.2.1"}}},
+        "mlinfra_guests": {"hosts": {"tracking": {"ansible_host": "192.0.2.10", "mlinfra_vm": {"role": "tracking", "gpus": []},
+                                                  "mlinfra_hypervisor": "hv1"}}},
+        "monitoring": {"hosts": {"localhost": {"ansible_connection": "local"}}}}}}))
+    proc = run_playbook(play, "-i", str(inventory), "--limit", "localhost")
+    assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:], proc.stderr[-2000:])
+    assert (out / "mlinfra-alert-receiver").read_bytes() == (ROLE / "files/mlinfra_alert_receiver.py").read_bytes()

@@ -1,0 +1,156 @@
+"""config_files on a temporary directory: the four ways, validation before the rename, a partial
+change reported as changed, metadata-only changes, and input refused before any write."""
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from conftest import four_ways, run_module_process  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+ME = os.getuid()
+
+
+def entry(path: Path, content: str, mode: str = "0644", **extra: Any) -> Dict[str, Any]:
+    # root:root needs root; the test's own user and group keep it runnable anywhere.
+    import grp
+    import pwd
+    out = {"path": str(path), "content": content, "mode": mode,
+           "owner": pwd.getpwuid(ME).pw_name, "group": grp.getgrgid(os.getgid()).gr_name}
+    out.update(extra)
+    return out
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def leftovers(directory: Path) -> List[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_four_ways_with_a_new_and_an_existing_file(tmp_path: Path) -> None:
+    (tmp_path / "b.conf").write_text("old\n")
+    files = [entry(tmp_path / "a.conf", "alpha\n", tag="a restart"),
+             entry(tmp_path / "b.conf", "beta\n", "0600", tag="b reload")]
+    results = four_ways("config_files", {"files": files})
+    assert (tmp_path / "a.conf").read_text() == "alpha\n" and mode_of(tmp_path / "a.conf") == 0o644
+    assert (tmp_path / "b.conf").read_text() == "beta\n" and mode_of(tmp_path / "b.conf") == 0o600
+    for name in ("check", "apply"):
+        got = results[name]
+        assert got["changed_paths"] == [str(tmp_path / "a.conf"), str(tmp_path / "b.conf")], got
+        assert got["changed_tags"] == ["a restart", "b reload"], got
+        diffs = {d["after_header"]: d for d in got["diff"]}
+        assert diffs[str(tmp_path / "b.conf")]["before"] == "old\n" and diffs[str(tmp_path / "b.conf")]["after"] == "beta\n"
+        assert diffs[str(tmp_path / "a.conf")]["before"] == ""
+    for name in ("check_again", "apply_again"):
+        assert results[name]["changed_paths"] == [] and results[name]["changed_tags"] == []
+        assert "diff" not in results[name]
+    assert leftovers(tmp_path) == []
+
+
+def test_only_the_file_that_differs_is_written(tmp_path: Path) -> None:
+    files = [entry(tmp_path / "a.conf", "alpha\n", tag="a"), entry(tmp_path / "b.conf", "beta\n", tag="b")]
+    assert run_module_process("config_files", {"files": files})["changed"] is True
+    untouched = (tmp_path / "a.conf").stat().st_ino
+    (tmp_path / "b.conf").write_text("edited by hand\n")
+    got = run_module_process("config_files", {"files": files}, diff=True)
+    assert got["changed_paths"] == [str(tmp_path / "b.conf")] and got["changed_tags"] == ["b"], got
+    assert got["files"][0]["changed"] is False and got["files"][1]["changes"] == ["content"]
+    assert (tmp_path / "a.conf").stat().st_ino == untouched, "an unchanged file is not rewritten"
+    assert (tmp_path / "b.conf").read_text() == "beta\n"
+
+
+def test_a_mode_change_alone_keeps_the_inode_and_shows_in_the_diff(tmp_path: Path) -> None:
+    target = tmp_path / "a.conf"
+    target.write_text("alpha\n")
+    target.chmod(0o666)
+    inode = target.stat().st_ino
+    check = run_module_process("config_files", {"files": [entry(target, "alpha\n", "0640")]}, check=True, diff=True)
+    assert check["changed"] is True and check["files"][0]["changes"] == ["mode"] and mode_of(target) == 0o666
+    assert "mode 0666" in check["diff"][0]["before"] and "mode 0640" in check["diff"][0]["after"]
+    got = run_module_process("config_files", {"files": [entry(target, "alpha\n", "0640")]})
+    assert got["changed"] is True and mode_of(target) == 0o640 and target.stat().st_ino == inode
+
+
+def test_validation_runs_on_the_new_content_before_the_rename(tmp_path: Path) -> None:
+    seen = tmp_path / "validated"
+    # The validator records what it was given and accepts only content that says "good".
+    validator = [sys.executable, "-c",
+                 "import sys, shutil; shutil.copy(sys.argv[1], %r); sys.exit(0 if 'good' in open(sys.argv[1]).read() else 3)"
+                 % str(seen), "%s"]
+    target = tmp_path / "app.yml"
+    target.write_text("good: old\n")
+    got = run_module_process("config_files", {"files": [entry(target, "good: new\n", validate=validator)]})
+    assert got["changed"] is True and target.read_text() == "good: new\n" and seen.read_text() == "good: new\n"
+
+    first = tmp_path / "first.conf"
+    bad = [entry(first, "written first\n", tag="first"), entry(target, "broken\n", validate=validator)]
+    got = run_module_process("config_files", {"files": bad})
+    assert got["failed"] is True, got
+    assert "files[1]" in got["msg"] and str(target) in got["msg"] and "exited 3" in got["msg"], got["msg"]
+    assert target.read_text() == "good: new\n", "a file that fails validation keeps its content"
+    # The file before it was written: that is a change, and the result says so.
+    assert got["changed"] is True and got["changed_paths"] == [str(first)] and got["changed_tags"] == ["first"]
+    assert first.read_text() == "written first\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_check_mode_does_not_validate_or_write(tmp_path: Path) -> None:
+    target = tmp_path / "app.yml"
+    validator = [sys.executable, "-c", "import sys; sys.exit(3)", "%s"]
+    got = run_module_process("config_files", {"files": [entry(target, "x\n", validate=validator)]}, check=True)
+    assert got["changed"] is True and not got["failed"] and not target.exists()
+
+
+def test_check_mode_predicts_a_file_in_a_directory_an_earlier_task_makes(tmp_path: Path) -> None:
+    target = tmp_path / "not-yet" / "app.conf"
+    got = run_module_process("config_files", {"files": [entry(target, "x\n")]}, check=True)
+    assert got["changed"] is True and got["changed_paths"] == [str(target)]
+    assert "does not exist yet" in str(got.get("warnings")), got  # 2.19: warnings are structured
+    real = run_module_process("config_files", {"files": [entry(target, "x\n")]})
+    assert real["failed"] is True and "files[0].path" in real["msg"] and "create %s first" % target.parent in real["msg"]
+    assert real["changed"] is False
+
+
+def test_check_mode_predicts_an_owner_a_package_creates_later(tmp_path: Path) -> None:
+    target = tmp_path / "app.conf"
+    args = {"files": [entry(target, "x\n", owner="mlinfra-no-such-user")]}
+    got = run_module_process("config_files", args, check=True)
+    assert got["changed"] is True and "mlinfra-no-such-user" in str(got.get("warnings")), got
+    real = run_module_process("config_files", args)
+    assert real["failed"] is True and "files[0].owner" in real["msg"] and "mlinfra-no-such-user" in real["msg"]
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"mode": "644x"}, "files[1].mode"),
+    ({"mode": "17777"}, "outside 0000-7777"),
+    ({"path": "relative.conf"}, "not an absolute path"),
+    ({"validate": ["promtool", "check", "config"]}, "exactly one element '%s'"),
+    ({"path": "SAME"}, "is given twice"),
+])
+def test_bad_input_names_the_option_and_changes_nothing(tmp_path: Path, change: Dict[str, Any], needle: str) -> None:
+    first = entry(tmp_path / "first.conf", "a\n")
+    second = entry(tmp_path / "second.conf", "b\n")
+    second.update(change)
+    if second["path"] == "SAME":
+        second["path"] = first["path"]
+    got = run_module_process("config_files", {"files": [first, second]})
+    assert got["failed"] is True and needle in got["msg"], got
+    assert "Traceback" not in got["msg"] and got["changed"] is False
+    assert not (tmp_path / "first.conf").exists(), "nothing is written when any entry is wrong"
+
+
+def test_a_directory_in_the_way_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "app.conf").mkdir()
+    got = run_module_process("config_files", {"files": [entry(tmp_path / "app.conf", "x\n")]})
+    assert got["failed"] is True and "not a regular file" in got["msg"] and got["changed"] is False
