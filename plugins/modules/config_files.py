@@ -6,11 +6,12 @@ from __future__ import annotations
 
 DOCUMENTATION = r'''
 module: config_files
-short_description: Several whole files (content, mode, owner, group) in one module run, each checked before it replaces the old one
+short_description: Directories and whole files (content, mode, owner, group) in one module run, each file checked before it replaces the old one
 version_added: "0.3.0"
 description:
-  - Makes each file of I(files) hold exactly I(content) with I(mode), I(owner) and I(group). A file
-    whose content, mode, owner and group already match is left alone, untouched.
+  - Makes each directory of I(directories) exist with I(mode), I(owner) and I(group), then each file
+    of I(files) hold exactly I(content) with its I(mode), I(owner) and I(group). A path whose content,
+    mode, owner and group already match is left alone, untouched.
   - A new content goes to a temporary file beside the target. It gets its owner, group and mode
     there, then I(validate) runs on it, and only a file that passes is renamed over the target. A
     reader sees the old file or the new one, never half of one. A file that fails validation changes
@@ -24,14 +25,41 @@ description:
   - Handlers are notified per task, not per file. Give each file a I(tag) (for example the handler
     topic its change needs); C(changed_tags) says which tags had a change, for handlers' C(when).
 options:
-  files:
-    description: The files.
+  directories:
+    description:
+      - Directories to create or correct first, in the order given (a parent before its children). An
+        existing directory keeps its content; only its mode, owner and group are set.
     type: list
     elements: dict
-    required: true
+    default: []
     suboptions:
       path:
-        description: Absolute path of the file. Its directory must exist (or, in check mode, be predicted by an earlier task).
+        description: Absolute path. Its parent must exist, or be an earlier entry.
+        type: path
+        required: true
+      mode:
+        description: Octal permission bits as a string, for example C("0750").
+        type: str
+        required: true
+      owner:
+        description: User name that owns the directory.
+        type: str
+        default: root
+      group:
+        description: Group name of the directory.
+        type: str
+        default: root
+      tag:
+        description: A label returned in C(changed_tags) when this directory is created or corrected.
+        type: str
+  files:
+    description: The files, written after the directories.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: Absolute path of the file. Its directory must exist or be in I(directories) (in check mode, it may be predicted by an earlier task).
         type: path
         required: true
       content:
@@ -97,6 +125,12 @@ EXAMPLES = r'''
 '''
 
 RETURN = r'''
+directories:
+  description: One entry per directory, in the order given (C(changes) is C([created]) for a new one).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{path: /etc/mlflow, changed: true, changes: [created], tag: null}]
 files:
   description: One entry per file, in the order given.
   returned: always
@@ -104,7 +138,7 @@ files:
   elements: dict
   sample: [{path: /etc/default/prometheus, changed: true, changes: [content], tag: prometheus restart}]
 changed_paths:
-  description: Paths that changed (in check mode, that would change).
+  description: Paths that changed (in check mode, that would change), directories first.
   returned: always
   type: list
   elements: str
@@ -119,7 +153,7 @@ import grp
 import os
 import pwd
 import stat
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -137,13 +171,20 @@ FILE_SPEC = dict(
     tag=dict(type="str"),
 )
 
+DIRECTORY_SPEC = dict(
+    path=dict(type="path", required=True),
+    mode=dict(type="str", required=True),
+    owner=dict(type="str", default="root"),
+    group=dict(type="str", default="root"),
+    tag=dict(type="str"),
+)
+
 
 class ValidationFailedError(KvmError):
     """A file's validate command refused its new content; the file was left as it was."""
 
 
-def parse_mode(index: int, value: str) -> int:
-    option = "files[%d].mode" % index
+def parse_mode(option: str, value: str) -> int:
     try:
         mode = int(value, 8)
     except ValueError:
@@ -153,31 +194,36 @@ def parse_mode(index: int, value: str) -> int:
     return mode
 
 
-def check_request(files: List[Dict[str, Any]]) -> List[int]:
-    """Everything that is wrong on its face, before any file is read or written."""
+def check_request(directories: List[Dict[str, Any]], files: List[Dict[str, Any]]) -> List[int]:
+    """Everything that is wrong on its face, before any path is read or written; the modes of
+    the directories, then of the files."""
     modes, seen = [], set()
-    for index, entry in enumerate(files):
-        path = entry["path"]
-        if not os.path.isabs(path):
-            raise InvalidInputError("files[%d].path" % index, path, "is not an absolute path", "give the full path from /")
-        if path in seen:
-            raise InvalidInputError("files[%d].path" % index, path, "is given twice", "give each file once")
-        seen.add(path)
-        validate = entry["validate"]
-        if validate is not None and validate.count("%s") != 1:
-            raise InvalidInputError("files[%d].validate" % index, validate, "needs exactly one element '%s' (the new file's path)",
-                                    "write the command as an argv list, for example [promtool, check, config, '%s']")
-        modes.append(parse_mode(index, entry["mode"]))
+    for kind, entries in (("directories", directories), ("files", files)):
+        for index, entry in enumerate(entries):
+            path = entry["path"]
+            if not os.path.isabs(path):
+                raise InvalidInputError("%s[%d].path" % (kind, index), path, "is not an absolute path", "give the full path from /")
+            if os.path.normpath(path) in seen:
+                raise InvalidInputError("%s[%d].path" % (kind, index), path, "is given twice", "give each path once")
+            seen.add(os.path.normpath(path))
+            validate = entry.get("validate")
+            if validate is not None and validate.count("%s") != 1:
+                raise InvalidInputError("%s[%d].validate" % (kind, index), validate, "needs exactly one element '%s' (the new file's path)",
+                                        "write the command as an argv list, for example [promtool, check, config, '%s']")
+            modes.append(parse_mode("%s[%d].mode" % (kind, index), entry["mode"]))
     return modes
 
 
-class FileState:
-    """What one target holds now, and what must change."""
+class Target:
+    """What one path (a directory or a whole file) holds now, and what must change."""
 
-    def __init__(self, index: int, entry: Dict[str, Any], mode: int, check_mode: bool) -> None:
-        self.index, self.entry, self.mode = index, entry, mode
-        self.path: str = entry["path"]
-        self.data: bytes = entry["content"].encode("utf-8")
+    def __init__(self, kind: str, index: int, entry: Dict[str, Any], mode: int, check_mode: bool,
+                 predicted_dirs: Set[str]) -> None:
+        self.kind, self.index, self.entry, self.mode = kind, index, entry, mode
+        self.option = "%s[%d]" % (kind, index)
+        self.is_dir = kind == "directories"
+        self.path: str = os.path.normpath(entry["path"])
+        self.data: Optional[bytes] = None if self.is_dir else entry["content"].encode("utf-8")
         self.warnings: List[str] = []
         self.uid = self._lookup("owner", entry["owner"], pwd.getpwnam, check_mode)
         self.gid = self._lookup("group", entry["group"], grp.getgrnam, check_mode)
@@ -188,16 +234,20 @@ class FileState:
         except FileNotFoundError:
             pass
         if self.before_stat is not None:
-            if not stat.S_ISREG(self.before_stat.st_mode):
-                raise InvalidInputError("files[%d].path" % index, self.path, "exists and is not a regular file",
+            wanted, what = (stat.S_ISDIR, "a directory") if self.is_dir else (stat.S_ISREG, "a regular file")
+            if not wanted(self.before_stat.st_mode):
+                raise InvalidInputError(self.option + ".path", self.path, "exists and is not %s" % what,
                                         "remove it or give another path")
-            with open(self.path, "rb") as handle:
-                self.before = handle.read()
-        elif not os.path.isdir(os.path.dirname(self.path)):
-            if not check_mode:
-                raise InvalidInputError("files[%d].path" % index, self.path, "is in a directory that does not exist",
-                                        "create %s first (ansible.builtin.file state=directory)" % os.path.dirname(self.path))
-            self.warnings.append("%s: its directory does not exist yet; predicted as created by an earlier task" % self.path)
+            if not self.is_dir:
+                with open(self.path, "rb") as handle:
+                    self.before = handle.read()
+        else:
+            parent = os.path.dirname(self.path)
+            if parent not in predicted_dirs and not os.path.isdir(parent):
+                if not check_mode:
+                    raise InvalidInputError(self.option + ".path", self.path, "is in a directory that does not exist",
+                                            "create %s first (this module's directories, or ansible.builtin.file)" % parent)
+                self.warnings.append("%s: its directory does not exist yet; predicted as created by an earlier task" % self.path)
         self.changes = self._changes()
 
     def _lookup(self, what: str, name: str, getter: Any, check_mode: bool) -> Optional[int]:
@@ -206,18 +256,18 @@ class FileState:
         except KeyError:
             if check_mode:
                 # An earlier task of the same run (a package's postinst) may create it.
-                self.warnings.append("files[%d].%s: %r does not exist here yet; predicted as created by an earlier task"
-                                     % (self.index, what, name))
+                self.warnings.append("%s.%s: %r does not exist here yet; predicted as created by an earlier task"
+                                     % (self.option, what, name))
                 return None
-            raise InvalidInputError("files[%d].%s" % (self.index, what), name, "does not exist on this host",
+            raise InvalidInputError("%s.%s" % (self.option, what), name, "does not exist on this host",
                                     "create it first or give an existing %s" % ("user" if what == "owner" else "group"))
 
     def _changes(self) -> List[str]:
         current = self.before_stat
         if current is None:
-            return ["content", "mode", "owner", "group"]
+            return ["created"] if self.is_dir else ["content", "mode", "owner", "group"]
         changes = []
-        if self.before != self.data:
+        if not self.is_dir and self.before != self.data:
             changes.append("content")
         if stat.S_IMODE(current.st_mode) != self.mode:
             changes.append("mode")
@@ -228,96 +278,110 @@ class FileState:
         return changes
 
     def diff(self) -> Dict[str, Any]:
+        after_meta = "mode %04o owner %s group %s\n" % (self.mode, self.entry["owner"], self.entry["group"])
         if "content" in self.changes:
             return {"before_header": self.path if self.before is not None else "%s (absent)" % self.path,
                     "after_header": self.path,
                     "before": (self.before or b"").decode("utf-8", "replace"),
                     "after": self.entry["content"]}
         current = self.before_stat
-        if current is None:  # a new file always has a content change
-            return {}
+        if current is None:  # a new directory
+            return {"before_header": "%s (absent)" % self.path, "after_header": self.path + "/",
+                    "before": "", "after": "directory " + after_meta}
         return {"before_header": self.path, "after_header": self.path,
                 "before": "mode %04o owner %d group %d\n" % (stat.S_IMODE(current.st_mode), current.st_uid, current.st_gid),
-                "after": "mode %04o owner %s group %s\n" % (self.mode, self.entry["owner"], self.entry["group"])}
+                "after": after_meta}
 
 
 class ConfigFilesRunner:
-    """Read every target, then write only those that differ, in the order given."""
+    """Read every target, then change only those that differ: the directories first, then the
+    files, each list in the order given."""
 
     def __init__(self, module: AnsibleModule) -> None:
         self.module = module
         self.check_mode = module.check_mode
 
     def __call__(self) -> Dict[str, Any]:
-        files = self.module.params["files"]
-        modes = check_request(files)
-        states = [self._read(i, entry, modes[i]) for i, entry in enumerate(files)]
-        for state in states:
-            for warning in state.warnings:
+        directories, files = self.module.params["directories"], self.module.params["files"]
+        modes = iter(check_request(directories, files))
+        predicted: Set[str] = set()
+        targets: List[Target] = []
+        for kind, entries in (("directories", directories), ("files", files)):
+            for index, entry in enumerate(entries):
+                target = self._read(kind, index, entry, next(modes), predicted)
+                if target.is_dir:
+                    predicted.add(target.path)
+                targets.append(target)
+        for target in targets:
+            for warning in target.warnings:
                 self.module.warn(warning)
-        done: List[FileState] = []
-        for state in states:
-            if state.changes and not self.check_mode:
+        done: List[Target] = []
+        for target in targets:
+            if target.changes and not self.check_mode:
                 try:
-                    self._apply(state)
+                    self._apply(target)
                 except ValidationFailedError as err:
                     err.details.update(self._report(done), changed=bool(done))
                     raise
                 except OSError as exc:
-                    raise KvmError("files[%d]: %s: cannot write it: %s. %s"
-                                   % (state.index, state.path, exc.strerror or exc,
-                                      "Files before it were written (changed_paths)" if done else "Nothing was changed"),
-                                   path=state.path, changed=bool(done), **self._report(done))
-            if state.changes:
-                done.append(state)
+                    raise KvmError("%s: %s: cannot write it: %s. %s"
+                                   % (target.option, target.path, exc.strerror or exc,
+                                      "Paths before it were changed (changed_paths)" if done else "Nothing was changed"),
+                                   path=target.path, changed=bool(done), **self._report(done))
+            if target.changes:
+                done.append(target)
         result = self._report(done)
-        result["files"] = [{"path": s.path, "changed": bool(s.changes), "changes": s.changes, "tag": s.entry["tag"]}
-                           for s in states]
+        for kind in ("directories", "files"):
+            result[kind] = [{"path": t.path, "changed": bool(t.changes), "changes": t.changes, "tag": t.entry["tag"]}
+                            for t in targets if t.kind == kind]
         result["changed"] = bool(done)
         if self.module._diff and done:
-            result["diff"] = [s.diff() for s in done]
+            result["diff"] = [t.diff() for t in done]
         return result
 
-    def _read(self, index: int, entry: Dict[str, Any], mode: int) -> FileState:
+    def _read(self, kind: str, index: int, entry: Dict[str, Any], mode: int, predicted: Set[str]) -> Target:
         try:
-            return FileState(index, entry, mode, self.check_mode)
+            return Target(kind, index, entry, mode, self.check_mode, predicted)
         except OSError as exc:
-            raise KvmError("files[%d]: %s: cannot read it: %s. Nothing was changed; run the task with become"
-                           % (index, entry["path"], exc.strerror or exc), path=entry["path"])
+            raise KvmError("%s[%d]: %s: cannot read it: %s. Nothing was changed; run the task with become"
+                           % (kind, index, entry["path"], exc.strerror or exc), path=entry["path"])
 
     @staticmethod
-    def _report(done: List[FileState]) -> Dict[str, Any]:
-        return {"changed_paths": [s.path for s in done],
-                "changed_tags": sorted({s.entry["tag"] for s in done if s.entry["tag"]})}
+    def _report(done: List[Target]) -> Dict[str, Any]:
+        return {"changed_paths": [t.path for t in done],
+                "changed_tags": sorted({t.entry["tag"] for t in done if t.entry["tag"]})}
 
-    def _apply(self, state: FileState) -> None:
-        if state.uid is None or state.gid is None:  # only check mode leaves them unresolved
-            raise KvmError("files[%d]: %s: owner or group unresolved outside check mode (a bug)" % (state.index, state.path))
-        if "content" not in state.changes:
-            # Same content: change the inode's metadata in place (no rename, no validation).
-            os.chown(state.path, state.uid, state.gid)
-            os.chmod(state.path, state.mode)
+    def _apply(self, target: Target) -> None:
+        if target.uid is None or target.gid is None:  # only check mode leaves them unresolved
+            raise KvmError("%s: %s: owner or group unresolved outside check mode (a bug)" % (target.option, target.path))
+        if target.is_dir and "created" in target.changes:
+            os.mkdir(target.path, 0o700)  # no wider than 0700 until its owner and mode are set
+        if target.is_dir or "content" not in target.changes:
+            # Same content (or a directory): the inode's metadata in place, no rename, no validation.
+            os.chown(target.path, target.uid, target.gid)
+            os.chmod(target.path, target.mode)
             return
-        write_bytes_atomic(state.path, state.data, mode=state.mode, owner=(state.uid, state.gid),
-                           check=lambda tmp: self._validate(state, tmp))
+        write_bytes_atomic(target.path, target.data or b"", mode=target.mode, owner=(target.uid, target.gid),
+                           check=lambda tmp: self._validate(target, tmp))
 
-    def _validate(self, state: FileState, tmp: str) -> None:
-        argv = state.entry["validate"]
+    def _validate(self, target: Target, tmp: str) -> None:
+        argv = target.entry["validate"]
         if not argv:
             return
         argv = [tmp if arg == "%s" else arg for arg in argv]
         rc, out, err = self.module.run_command(argv)
         if rc != 0:
             raise ValidationFailedError(
-                "files[%d]: %s: the new content failed validation (%s exited %d); the file was left as it was. "
+                "%s: %s: the new content failed validation (%s exited %d); the file was left as it was. "
                 "Fix the content (its template or variables) and run again: %s"
-                % (state.index, state.path, argv[0], rc, (err or out).strip()[-2000:]),
-                path=state.path, rc=rc, stdout=out, stderr=err)
+                % (target.option, target.path, argv[0], rc, (err or out).strip()[-2000:]),
+                path=target.path, rc=rc, stdout=out, stderr=err)
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(files=dict(type="list", elements="dict", required=True, options=FILE_SPEC)),
+        argument_spec=dict(directories=dict(type="list", elements="dict", default=[], options=DIRECTORY_SPEC),
+                           files=dict(type="list", elements="dict", default=[], options=FILE_SPEC)),
         supports_check_mode=True,
     )
     run(module, ConfigFilesRunner(module))

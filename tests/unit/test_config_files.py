@@ -154,3 +154,43 @@ def test_a_directory_in_the_way_is_refused(tmp_path: Path) -> None:
     (tmp_path / "app.conf").mkdir()
     got = run_module_process("config_files", {"files": [entry(tmp_path / "app.conf", "x\n")]})
     assert got["failed"] is True and "not a regular file" in got["msg"] and got["changed"] is False
+
+
+def directory(path: Path, mode: str = "0750", **extra: Any) -> Dict[str, Any]:
+    out = entry(path, "", mode, **extra)
+    del out["content"]
+    return out
+
+
+def test_directories_then_files_four_ways(tmp_path: Path) -> None:
+    conf = tmp_path / "etc" / "app"
+    files = [entry(conf / "app.ini", "[app]\n", "0640", tag="app restart")]
+    args = {"directories": [directory(tmp_path / "etc", "0755"), directory(conf, tag="app dirs")], "files": files}
+    results = four_ways("config_files", args)
+    assert mode_of(tmp_path / "etc") == 0o755 and mode_of(conf) == 0o750
+    assert (conf / "app.ini").read_text() == "[app]\n"
+    check = results["check"]
+    # The file's directory comes from an earlier entry: predicted without a warning.
+    assert "does not exist yet" not in str(check.get("warnings")), check
+    assert check["changed_paths"] == [str(tmp_path / "etc"), str(conf), str(conf / "app.ini")]
+    assert check["changed_tags"] == ["app dirs", "app restart"]
+    assert [d["changes"] for d in check["directories"]] == [["created"], ["created"]]
+    assert results["apply_again"]["directories"][1] == {"path": str(conf), "changed": False, "changes": [], "tag": "app dirs"}
+
+
+def test_an_existing_directory_keeps_its_content_and_gets_its_mode(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o777)
+    state.chmod(0o777)
+    (state / "data.db").write_text("keep\n")
+    got = run_module_process("config_files", {"directories": [directory(state)]}, diff=True)
+    assert got["changed"] is True and got["directories"][0]["changes"] == ["mode"], got
+    assert mode_of(state) == 0o750 and (state / "data.db").read_text() == "keep\n"
+    assert "mode 0777" in got["diff"][0]["before"]
+
+
+def test_a_file_where_a_directory_is_asked_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("x\n")
+    got = run_module_process("config_files", {"directories": [directory(tmp_path / "state")]})
+    assert got["failed"] is True and "directories[0].path" in got["msg"] and "not a directory" in got["msg"]
+    assert got["changed"] is False
