@@ -263,8 +263,11 @@ class VfioService:
         write_attr(os.path.join(dev, "driver_override"), "\n")
         if self.scanner.driver(address) == VFIO:
             write_attr(self.roots.sys("bus", "pci", "drivers", VFIO, "unbind"), address)
+            self._wait_driver(address, lambda d: d != VFIO, timeout)
         write_attr(self.roots.sys("bus", "pci", "drivers_probe"), address)
-        return self._wait_driver(address, lambda d: d != VFIO, timeout)
+        # Until a driver claims it: right after the unbind there is none, which is not yet the
+        # answer (an asynchronous probe binds the host driver later, or vfio-pci again).
+        return self._wait_driver(address, lambda d: d is not None, timeout)
 
     def write(self, path: str, content: Optional[str]) -> None:
         if content is None:
@@ -563,6 +566,9 @@ class VfioRunner:
                 if drivers[address] == VFIO:
                     self.module.warn("%s went back to vfio-pci: vfio-pci still has its id from the boot "
                                      "configuration; it is free after the next reboot" % address)
+                elif drivers[address] is None:
+                    self.module.warn("%s: no host driver claimed it within bind_timeout (%ss); it is unbound "
+                                     "(load its driver, or raise bind_timeout when probing is slow)" % (address, timeout))
         return drivers
 
     def initramfs_command(self) -> List[str]:
