@@ -237,3 +237,32 @@ def test_config_files_writes_what_the_template_module_wrote(tmp_path):
     proc = run_playbook(play, "-i", str(inventory), "--limit", "localhost")
     assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:], proc.stderr[-2000:])
     assert (out / "mlinfra-alert-receiver").read_bytes() == (ROLE / "files/mlinfra_alert_receiver.py").read_bytes()
+
+
+@pytest.mark.parametrize("exporters_read, server_read, up", [
+    # The exporters' read on the server host includes the server's units; the server's own is skipped.
+    ({"stdout": "Id=prometheus-node-exporter.service\nActiveState=active\nUnitFileState=enabled\n\n"
+                "Id=prometheus.service\nActiveState=inactive\nUnitFileState=disabled"}, {"skipped": True},
+     ["prometheus-node-exporter.service"]),
+    # server.yml on its own: only its read.
+    (None, {"stdout": "Id=prometheus.service\nActiveState=active\nUnitFileState=enabled"}, ["prometheus.service"]),
+    # No systemd (this hypervisor): both reads skipped, every "Run ..." task runs.
+    ({"skipped": True}, {"skipped": True}, []),
+])
+def test_units_up_from_the_role_s_own_expression(tmp_path, exporters_read, server_read, up):
+    """__monitoring_units_up as the role computes it (vars/main.yml), from registered reads."""
+    given = {"__monitoring_server_units_read": server_read}
+    if exporters_read is not None:
+        given["__monitoring_units_read"] = exporters_read
+    overrides = tmp_path / "reads.json"
+    overrides.write_text(json.dumps(given))
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "units", "hosts": "localhost", "gather_facts": False,
+        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
+        "tasks": [{"name": "units up", "ansible.builtin.assert": {
+            "that": ["__monitoring_units_up == %s" % json.dumps(up)],
+            "fail_msg": "{{ __monitoring_units_up | to_json }}"}}],
+    }], sort_keys=False))
+    proc = run_playbook(play, "-e", "@%s" % overrides)
+    assert proc.returncode == 0, (failures(proc), proc.stdout[-2000:])
