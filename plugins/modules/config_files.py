@@ -153,23 +153,13 @@ import grp
 import os
 import pwd
 import stat
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._atomic_file import write_bytes_atomic
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-
-FILE_SPEC = dict(
-    path=dict(type="path", required=True),
-    content=dict(type="str", required=True),
-    mode=dict(type="str", required=True),
-    owner=dict(type="str", default="root"),
-    group=dict(type="str", default="root"),
-    validate=dict(type="list", elements="str"),
-    tag=dict(type="str"),
-)
 
 DIRECTORY_SPEC = dict(
     path=dict(type="path", required=True),
@@ -178,6 +168,8 @@ DIRECTORY_SPEC = dict(
     group=dict(type="str", default="root"),
     tag=dict(type="str"),
 )
+# A file is a directory entry plus its content and an optional check.
+FILE_SPEC = dict(DIRECTORY_SPEC, content=dict(type="str", required=True), validate=dict(type="list", elements="str"))
 
 
 class ValidationFailedError(KvmError):
@@ -194,10 +186,10 @@ def parse_mode(option: str, value: str) -> int:
     return mode
 
 
-def check_request(directories: List[Dict[str, Any]], files: List[Dict[str, Any]]) -> List[int]:
-    """Everything that is wrong on its face, before any path is read or written; the modes of
-    the directories, then of the files."""
-    modes, seen = [], set()
+def check_request(directories: List[Dict[str, Any]], files: List[Dict[str, Any]]) -> List[Tuple[str, int, Dict[str, Any], int]]:
+    """Everything that is wrong on its face, before any path is read or written. Returns
+    (kind, index, entry, mode) for the directories, then the files, in the order given."""
+    request, seen = [], set()
     for kind, entries in (("directories", directories), ("files", files)):
         for index, entry in enumerate(entries):
             path = entry["path"]
@@ -210,8 +202,8 @@ def check_request(directories: List[Dict[str, Any]], files: List[Dict[str, Any]]
             if validate is not None and validate.count("%s") != 1:
                 raise InvalidInputError("%s[%d].validate" % (kind, index), validate, "needs exactly one element '%s' (the new file's path)",
                                         "write the command as an argv list, for example [promtool, check, config, '%s']")
-            modes.append(parse_mode("%s[%d].mode" % (kind, index), entry["mode"]))
-    return modes
+            request.append((kind, index, entry, parse_mode("%s[%d].mode" % (kind, index), entry["mode"])))
+    return request
 
 
 class Target:
@@ -302,16 +294,13 @@ class ConfigFilesRunner:
         self.check_mode = module.check_mode
 
     def __call__(self) -> Dict[str, Any]:
-        directories, files = self.module.params["directories"], self.module.params["files"]
-        modes = iter(check_request(directories, files))
         predicted: Set[str] = set()
         targets: List[Target] = []
-        for kind, entries in (("directories", directories), ("files", files)):
-            for index, entry in enumerate(entries):
-                target = self._read(kind, index, entry, next(modes), predicted)
-                if target.is_dir:
-                    predicted.add(target.path)
-                targets.append(target)
+        for kind, index, entry, mode in check_request(self.module.params["directories"], self.module.params["files"]):
+            target = self._read(kind, index, entry, mode, predicted)
+            if target.is_dir:
+                predicted.add(target.path)
+            targets.append(target)
         for target in targets:
             for warning in target.warnings:
                 self.module.warn(warning)
