@@ -54,6 +54,8 @@ except ImportError:
 # Fastest first, as measured by bench/stage (see the module docstring).
 PREFERENCE = ("xxh3_128", "blake3", "sha256")
 SUPPORTED = ("xxh3_128", "blake3", "sha256", "md5")
+# Safe against someone crafting a second file with the same hash (what mlflow.reuse needs).
+COLLISION_RESISTANT = ("blake3", "sha256")
 
 CHUNK = 1 << 20            # read buffer for big files
 SMALL = 1 << 20            # files up to this size are read in one call
@@ -94,10 +96,11 @@ def available_algorithms() -> List[str]:
     return [a for a in SUPPORTED if available(a)]
 
 
-def choose_algorithm(requested: str, previous: Optional[str]) -> str:
+def choose_algorithm(requested: str, previous: Optional[str],
+                     collision_resistant: bool = False) -> str:
     """The algorithm to use: ``requested`` unless ``auto``; then the lock's own algorithm
-    while it is importable, else the fastest importable one. Raises ValueError when a
-    requested algorithm is not importable here."""
+    while it is importable, else the fastest importable one (among COLLISION_RESISTANT
+    when asked). Raises ValueError when a requested algorithm is not importable here."""
     if requested and requested != "auto":
         if requested not in SUPPORTED:
             raise ValueError("unknown hash algorithm %r" % requested)
@@ -105,10 +108,11 @@ def choose_algorithm(requested: str, previous: Optional[str]) -> str:
             raise ValueError("hash algorithm %s needs the Python package %s on this host"
                              % (requested, "xxhash" if requested == "xxh3_128" else requested))
         return requested
-    if previous and previous in SUPPORTED and available(previous):
+    allowed = COLLISION_RESISTANT if collision_resistant else SUPPORTED
+    if previous and previous in allowed and available(previous):
         return previous
     for algo in PREFERENCE:
-        if available(algo):
+        if algo in allowed and available(algo):
             return algo
     return "sha256"  # pragma: no cover - hashlib always has it
 

@@ -110,8 +110,9 @@ class MlflowClient:
         return json.loads(raw.decode("utf-8")) if raw.strip() else {}
 
     # -- server -----------------------------------------------------------------------
-    def health(self, timeout: float = 10) -> None:
-        """Raises MlflowError unless the server answers /health."""
+    def health(self, timeout: Optional[float] = None) -> None:
+        """Raises MlflowError unless the server answers /health (within mlflow.timeout, like
+        every other call: a busy server's first answer can take longer than a few seconds)."""
         with self._open("GET", self.base + "/health", timeout=timeout) as resp:
             resp.read()
 

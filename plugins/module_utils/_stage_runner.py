@@ -446,7 +446,8 @@ class StageRunner:
         lock, problem = self.files.read_lock()
         previous_algo = (lock or {}).get("inputs", {}).get("algorithm")
         try:
-            algo = choose_algorithm(spec.hash_algorithm, previous_algo)
+            algo = choose_algorithm(spec.hash_algorithm, previous_algo,
+                                    collision_resistant=bool(spec.mlflow and spec.mlflow.reuse))
         except ValueError as exc:
             raise InvalidInputError("hash_algorithm", spec.hash_algorithm, str(exc),
                                     "install the package on the target host, or use auto")
@@ -492,20 +493,20 @@ class StageRunner:
             from ._stage_track import StageTracker  # only for a stage that is about to run
             tracker = StageTracker(spec, self.files, self.check, self.warn)
             tracker.connect()
-        reuse = tracker.find_reuse(key) if tracker else None
+        reuse = tracker.find_reuse(key, hasher.algo) if tracker else None
         if self.check:
             if reuse:
                 result["reuse_from"] = reuse["info"]["run_id"]
             return result
         manifest = self._input_manifests(inputs, hasher)  # as the inputs are now, before the run
-        if reuse and tracker.fetch(reuse, key, hasher.algo):
+        if reuse and tracker.fetch(reuse):
             lock_doc, manifest = self._lock_doc(key, inputs, git_info, hasher, manifest, None, {},
                                                 reused_from=reuse["info"]["run_id"])
             self.files.write(lock_doc, manifest)
             cache.save()
             result.update(outs=lock_doc["outs"], reused_from=reuse["info"]["run_id"])
-            result["reasons"] = reasons + ["reused the outputs of MLflow run %s (same key)"
-                                           % reuse["info"]["run_id"]]
+            result["reasons"] = reasons + ["reused the outputs of MLflow run %s (same key, %s)"
+                                           % (reuse["info"]["run_id"], tracker.trust())]
             return result
         return self._execute(result, tracker, key, previous_key, inputs, git_info,
                              hasher, manifest, reasons)

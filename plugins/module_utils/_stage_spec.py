@@ -14,10 +14,11 @@ import shutil
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ._errors import InvalidInputError
-from ._stage_hash import SUPPORTED, is_glob, special_kind
+from ._stage_hash import COLLISION_RESISTANT, SUPPORTED, is_glob, special_kind
 from ._stage_lock import canonical_json
 from ._stage_metrics import validate_labels
 from ._stage_mps import MPS_ENV, MpsSpec
+from ._stage_sign import MIN_KEY_LENGTH
 from ._validate import object_name
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -71,6 +72,36 @@ class MlflowSpec:
         self.upload_outs = self.reuse if upload is None else bool(upload)
         self.timeout = float(raw.get("timeout") or 30)
         self.validate_certs = raw.get("validate_certs") is not False
+        self.signing_key = self._signing_key(raw.get("signing_key"))
+        self.reuse_pins = self._pins(raw.get("reuse_pins"))
+        if self.reuse and not self.signing_key and not self.reuse_pins:
+            raise InvalidInputError(
+                "mlflow.reuse", True, "would trust outputs that anyone who can write to the "
+                "tracking server could have uploaded",
+                "set mlflow.signing_key (a secret shared by this site's machines: only locks it "
+                "signed are reused) or mlflow.reuse_pins (the hash of every out), or drop reuse")
+        if self.reuse_pins and not self.reuse:
+            raise InvalidInputError("mlflow.reuse_pins", sorted(self.reuse_pins), "is set but "
+                                    "mlflow.reuse is not", "set mlflow.reuse: true, or drop the pins")
+
+    @staticmethod
+    def _signing_key(key: Any) -> Optional[str]:
+        if key in (None, ""):
+            return None
+        if not isinstance(key, str) or len(key) < MIN_KEY_LENGTH:
+            raise InvalidInputError("mlflow.signing_key", "(hidden)", "is shorter than %d characters"
+                                    % MIN_KEY_LENGTH, "give a random secret, e.g. "
+                                    "lookup('ansible.builtin.password', '/dev/null length=32')")
+        return key
+
+    @staticmethod
+    def _pins(raw: Any) -> Dict[str, str]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict) or not all(isinstance(v, str) and v for v in raw.values()):
+            raise InvalidInputError("mlflow.reuse_pins", raw, "is not a mapping of out to hash",
+                                    "give each out's hash as its lock records it (outs.<out>.hash)")
+        return {_norm(str(k)): v for k, v in raw.items()}
 
 
 class StageSpec:
@@ -180,12 +211,32 @@ class StageSpec:
             raise InvalidInputError("mlflow", raw_mlflow, "is not a mapping",
                                     "give tracking_uri and optionally experiment, tags, credentials")
         self.mlflow = MlflowSpec(raw_mlflow, self.name) if raw_mlflow else None
+        if self.mlflow and self.mlflow.reuse:
+            self._check_reuse(self.mlflow)
         self.mps = self._mps(p.get("mps"))
         if self.mlflow:
             clash = sorted(k for k in MLFLOW_ENV if k in self._all_env())
             if clash:
                 raise InvalidInputError("env", clash, "are set by ml_stage when mlflow is given",
                                         "drop them from env/secret_env/runtime_env; the module exports them")
+
+    def _check_reuse(self, m: MlflowSpec) -> None:
+        """Reused outs are trusted by their hashes: those must resist crafted collisions, and
+        pins, when they are what is trusted, must cover every out."""
+        if self.hash_algorithm not in ("auto",) + COLLISION_RESISTANT:
+            raise InvalidInputError("hash_algorithm", self.hash_algorithm, "is not collision resistant, "
+                                    "and mlflow.reuse trusts outputs by their hashes",
+                                    "use %s, or auto (which then picks one of them)"
+                                    % " or ".join(COLLISION_RESISTANT))
+        unknown = sorted(set(m.reuse_pins) - set(self.outs))
+        if unknown:
+            raise InvalidInputError("mlflow.reuse_pins", unknown, "are not outs of this stage",
+                                    "pin the outs it declares: %s" % ", ".join(self.outs))
+        unpinned = [o for o in self.outs if o not in m.reuse_pins]
+        if m.reuse_pins and unpinned and not m.signing_key:
+            raise InvalidInputError("mlflow.reuse_pins", sorted(m.reuse_pins), "leaves outs %s "
+                                    "unpinned" % ", ".join(unpinned),
+                                    "pin every out, or set mlflow.signing_key as well")
 
     def _mps(self, raw: Any) -> Optional[MpsSpec]:
         if raw is None:

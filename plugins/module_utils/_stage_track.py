@@ -20,6 +20,8 @@ from ._errors import KvmError
 from ._stage_hash import Hasher, StatCache
 from ._stage_lock import StageFiles
 from ._stage_mlflow import MlflowClient, MlflowError, param_value
+from ._stage_sign import (KEY_ID_TAG, LOCK_ARTIFACT, SIGNATURE_ARTIFACT, UntrustedLock, check_pins,
+                          key_id, signature, verify_signature)
 from ._stage_spec import StageSpec, flatten
 
 LOG_ARTIFACT_LIMIT = 10 * 1024 * 1024
@@ -54,6 +56,7 @@ class StageTracker:
         self.client: Optional[MlflowClient] = MlflowClient.for_stage(m)
         self.experiment_id: Optional[str] = None
         self.run_info: Optional[Dict[str, Any]] = None
+        self.trusted_lock: Optional[Dict[str, Any]] = None  # of the run find_reuse chose
 
     @property
     def run_id(self) -> Optional[str]:
@@ -78,33 +81,67 @@ class StageTracker:
             self._untracked(exc, "mlflow.tracking_uri")
             return False
 
-    def find_reuse(self, key: str) -> Optional[Dict[str, Any]]:
-        """A FINISHED run of the same key whose outs were uploaded (newest first)."""
+    def find_reuse(self, key: str, algo: str) -> Optional[Dict[str, Any]]:
+        """The newest FINISHED run of the same key whose outs were uploaded and whose lock
+        this task trusts (docs: _stage_sign). Reads only, so check mode predicts the same."""
         if not self.client or not self.m.reuse or self.experiment_id is None:
             return None
         flt = ("tags.`%s` = '%s' and tags.`mlinfra.stage.outs_uploaded` = 'true' "
                "and attributes.status = 'FINISHED'" % (TAG_KEY, key))
+        if self.m.signing_key:  # runs signed with another key (or none) are no candidates
+            flt += " and tags.`%s` = '%s'" % (KEY_ID_TAG, key_id(self.m.signing_key))
         try:
             runs = self.client.search_runs([self.experiment_id], flt, max_results=5)
         except MlflowError as exc:
             self.warn("MLflow search for a run with key %s failed: %s" % (key, exc.msg))
             return None
-        return runs[0] if runs else None
+        for run in runs:
+            try:
+                self.trusted_lock = self._trusted_lock(run, key, algo)
+                return run
+            except (UntrustedLock, KvmError, MlflowError, OSError, ValueError) as exc:
+                self.warn("not reusing MLflow run %s: %s" % (run["info"]["run_id"], getattr(exc, "msg", exc)))
+        return None
 
-    def fetch(self, run: Dict[str, Any], key: str, algo: str) -> bool:
-        """Download a finished run's outs into a staging dir, verify every hash against
-        that run's lock, then move them into place. False (and a warning) on any doubt."""
-        spec, client = self.spec, self.client
+    def _trusted_lock(self, run: Dict[str, Any], key: str, algo: str) -> Dict[str, Any]:
+        """The run's lock, once its signature (mlflow.signing_key) and pins hold."""
+        root = self.client.artifact_root(run["info"].get("artifact_uri", ""))
+        if root is None:
+            raise KvmError("its artifacts are not served by the tracking server")
+        body = self.client.read(root, LOCK_ARTIFACT)
+        if self.m.signing_key:
+            try:
+                sig: Optional[bytes] = self.client.read(root, SIGNATURE_ARTIFACT)
+            except MlflowError as exc:  # missing, or unreadable: either way not trusted
+                raise UntrustedLock("its lock's signature %s could not be read (%s)"
+                                    % (SIGNATURE_ARTIFACT, exc.msg))
+            verify_signature(self.m.signing_key, body, sig)
+        lock = json.loads(body.decode("utf-8"))
+        if not isinstance(lock, dict) or lock.get("key") != key \
+                or (lock.get("inputs") or {}).get("algorithm") != algo:
+            raise KvmError("its lock does not carry key %s (algorithm %s)" % (key, algo))
+        check_pins(lock, self.m.reuse_pins)
+        return lock
+
+    def trust(self) -> str:
+        """Why the reused lock is trusted, for the task's reasons."""
+        why = []
+        if self.m.signing_key:
+            why.append("its lock signed with key id %s" % key_id(self.m.signing_key))
+        if self.m.reuse_pins:
+            why.append("its outs match mlflow.reuse_pins")
+        return " and ".join(why)
+
+    def fetch(self, run: Dict[str, Any]) -> bool:
+        """Download the outs of the run find_reuse chose into a staging dir, verify every
+        hash against its trusted lock, then move them into place. False (and a warning)
+        on any doubt."""
+        spec, client, remote = self.spec, self.client, self.trusted_lock or {}
         run_id = run["info"]["run_id"]
         root = client.artifact_root(run["info"].get("artifact_uri", ""))
         staging = os.path.join(spec.state_dir, "%s.fetch.%d" % (spec.name, os.getpid()))
-        verifier = Hasher(StatCache(None, algo))  # staging paths stay out of the stage's cache
+        verifier = Hasher(StatCache(None, remote.get("inputs", {}).get("algorithm", "sha256")))
         try:
-            if root is None:
-                raise KvmError("its artifacts are not served by the tracking server")
-            remote = json.loads(client.read(root, "ml_stage/lock.json").decode("utf-8"))
-            if remote.get("key") != key or remote.get("inputs", {}).get("algorithm") != algo:
-                raise KvmError("its lock does not carry key %s" % key)
             staged = {}
             for out in spec.outs:
                 entry = (remote.get("outs") or {}).get(out)
@@ -130,7 +167,7 @@ class StageTracker:
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
                 os.replace(src, dest)
             return True
-        except (KvmError, OSError, ValueError) as exc:
+        except (KvmError, MlflowError, OSError, ValueError) as exc:
             self.warn("not reusing MLflow run %s: %s; running the command instead"
                       % (run_id, getattr(exc, "msg", exc)))
             return False
@@ -212,7 +249,11 @@ class StageTracker:
         else:
             if lock_doc is not None:
                 body = (json.dumps(lock_doc, indent=1, sort_keys=True) + "\n").encode("utf-8")
-                attempt(errors, "uploading the lock", lambda: client.upload(root, "ml_stage/lock.json", body))
+                attempt(errors, "uploading the lock", lambda: client.upload(root, LOCK_ARTIFACT, body))
+                if self.m.signing_key:
+                    sig = signature(self.m.signing_key, body)
+                    attempt(errors, "uploading the lock's signature",
+                            lambda: client.upload(root, SIGNATURE_ARTIFACT, sig))
             for name, path in (("stdout.log", self.files.stdout), ("stderr.log", self.files.stderr)):
                 if os.path.exists(path) and os.path.getsize(path):
                     source: Any = path if os.path.getsize(path) <= LOG_ARTIFACT_LIMIT \
@@ -230,8 +271,10 @@ class StageTracker:
                         attempt(errors, "uploading out " + out,
                                 lambda f=full, o=out: client.upload(root, artifact_name(o), f))
                 if len(errors) == before:
-                    attempt(errors, "tagging", lambda: client.set_tags(
-                        run_id, {"mlinfra.stage.outs_uploaded": "true"}))
+                    tags = {"mlinfra.stage.outs_uploaded": "true"}
+                    if self.m.signing_key:
+                        tags[KEY_ID_TAG] = key_id(self.m.signing_key)
+                    attempt(errors, "tagging", lambda: client.set_tags(run_id, tags))
         if failure:
             attempt(errors, "tagging", lambda: client.set_tags(run_id, {"mlinfra.stage.failure": failure}))
         attempt(errors, "ending the run", lambda: client.end_run(run_id, status))

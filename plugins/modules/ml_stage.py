@@ -180,7 +180,7 @@ options:
       - C(auto) keeps the lock's algorithm while importable, else the fastest importable
         of xxh3_128, blake3, sha256 (measured by C(bench/stage)). xxh3_128 is sound for
         change detection but not against crafted collisions; choose blake3 (or sha256)
-        when that matters, e.g. when O(mlflow.reuse) trusts other machines.
+        when that matters; O(mlflow.reuse) requires one of them.
       - A change of algorithm re-runs the stage (hashes are not comparable).
     type: str
     choices: [auto, xxh3_128, blake3, sha256, md5]
@@ -264,10 +264,30 @@ options:
       reuse:
         description:
           - Before running, search the experiment for a C(FINISHED) run with the same key whose
-            outputs were uploaded; download them, verify every hash against that run's lock,
-            and use them instead of running. Implies O(mlflow.upload_outs).
+            outputs were uploaded and whose lock this task trusts; download them, verify every
+            hash against that lock, and use them instead of running. Implies
+            O(mlflow.upload_outs).
+          - Anyone who can write to the tracking server could upload a run, so a lock is trusted
+            only when it is signed under O(mlflow.signing_key), or when every out's hash equals
+            O(mlflow.reuse_pins). One of the two is required.
+          - The hashes are then what is trusted, so O(hash_algorithm) must be collision
+            resistant (blake3 or sha256); C(auto) picks one of those.
         type: bool
         default: false
+      signing_key:
+        description:
+          - A secret shared by this site's machines (at least 16 characters). The uploaded lock
+            is signed with HMAC-SHA256 under it (artifact C(ml_stage/lock.json.sig), tag
+            C(mlinfra.stage.signed_by) with the key's id, never the key), and O(mlflow.reuse)
+            accepts only locks with a valid signature under this key.
+          - The tracking server never sees the key, so its users cannot forge a lock.
+        type: str
+      reuse_pins:
+        description:
+          - Out -> the hash its lock must record (C(outs.<out>.hash) of a lock you trust). With
+            O(mlflow.signing_key) unset, every out must be pinned; with it set, the pins are an
+            extra condition.
+        type: dict
       upload_outs:
         description: Upload the outs as artifacts under C(outs/) (default O(mlflow.reuse)).
         type: bool
@@ -603,6 +623,8 @@ ARGUMENT_SPEC = dict(
         optional=dict(type="bool", default=False),
         reuse=dict(type="bool", default=False),
         upload_outs=dict(type="bool"),
+        signing_key=dict(type="str", no_log=True),
+        reuse_pins=dict(type="dict"),
         timeout=dict(type="float", default=30),
         validate_certs=dict(type="bool", default=True),
     )),

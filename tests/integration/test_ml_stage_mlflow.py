@@ -134,8 +134,13 @@ def test_failed_run_ends_failed_and_keeps_no_lock(server: Server, tmp_path: Path
     assert not (proj / ".ml_stage" / "train.lock.json").exists()
 
 
+SITE_KEY = "this site's signing key, 32 chars"
+OTHER_KEY = "another site's key, also long enough"
+
+
 def test_reuse_fetches_verified_outputs_instead_of_running(server: Server, tmp_path: Path) -> None:
-    mlflow = {"tracking_uri": server.url, "experiment": "stage-reuse", "reuse": True}
+    mlflow = {"tracking_uri": server.url, "experiment": "stage-reuse", "reuse": True,
+              "signing_key": SITE_KEY}
     first_proj = project(tmp_path / "machine-a")
     first = ml(stage(first_proj, mlflow))
     assert not first["failed"] and first["ran"], first
@@ -147,6 +152,8 @@ def test_reuse_fetches_verified_outputs_instead_of_running(server: Server, tmp_p
     res = ml(stage(other, mlflow))
     assert not res["failed"] and res["changed"] and res["ran"] is False, res
     assert res["reused_from"] == run_id and res["key"] == first["key"]
+    assert "signed with key id" in res["reasons"][-1]
+    assert res["algorithm"] in ("blake3", "sha256")   # reuse trusts hashes: no xxh3 here
     assert ran(other) == 0
     for rel in ("model/weights.bin", "model/config.json", "metrics.json"):
         assert (other / rel).read_bytes() == (first_proj / rel).read_bytes()
@@ -161,6 +168,52 @@ def test_reuse_fetches_verified_outputs_instead_of_running(server: Server, tmp_p
     assert not res["failed"] and res["ran"] is True and "reused_from" not in res
     msgs = [w["event"]["msg"] if isinstance(w, dict) else w for w in res.get("warnings", [])]
     assert any("not reusing MLflow run %s" % run_id in m for m in msgs), msgs
+
+
+def test_reuse_trusts_only_locks_signed_by_this_site_or_pinned(server: Server, tmp_path: Path) -> None:
+    """A run anyone could have uploaded is not reused: signed with another key, changed after
+    it was signed, or not matching the pins, the command runs instead (with a warning)."""
+    def mlflow(**over: Any) -> Dict[str, Any]:
+        return dict({"tracking_uri": server.url, "experiment": "stage-trust", "reuse": True}, **over)
+
+    first = ml(stage(project(tmp_path / "a"), mlflow(signing_key=SITE_KEY)))
+    assert not first["failed"] and first["ran"], first
+    run_a = first["mlflow"]["run_id"]
+    tags = server.run(run_a)["tags"]
+    assert len(tags["mlinfra.stage.signed_by"]) == 16 and SITE_KEY not in json.dumps(tags)
+    assert "ml_stage/lock.json.sig" in server.artifacts(run_a, "ml_stage")
+
+    # another site's key: run A is no candidate, so it runs (and signs its own run B)
+    foreign = project(tmp_path / "b")
+    res = ml(stage(foreign, mlflow(signing_key=OTHER_KEY)))
+    assert not res["failed"] and res["ran"] is True and "reused_from" not in res, res
+    run_b = res["mlflow"]["run_id"]
+
+    # pins instead of a key: every out's hash as the first lock recorded it
+    pins = {out: entry["hash"] for out, entry in first["outs"].items()}
+    pinned = project(tmp_path / "c")
+    res = ml(stage(pinned, mlflow(reuse_pins=pins)))
+    assert not res["failed"] and res["ran"] is False and res["reused_from"] in (run_a, run_b), res
+    assert "outs match mlflow.reuse_pins" in res["reasons"][-1] and ran(pinned) == 0
+    wrong = dict(pins, **{"metrics.json": "0" * len(pins["metrics.json"])})
+    res = ml(stage(project(tmp_path / "d"), mlflow(reuse_pins=wrong)))
+    assert not res["failed"] and res["ran"] is True, res
+    assert any("mlflow.reuse_pins pins" in w for w in warning_texts(res)), res
+
+    # run A's lock edited on the server after it was signed (to point at other weights)
+    lock_file = next((server.tmp / "artifacts").rglob(run_a + "/artifacts/ml_stage/lock.json"))
+    lock_file.write_text(lock_file.read_text().replace(first["outs"]["model"]["hash"], "f" * 32))
+    tampered = project(tmp_path / "e")
+    predicted = ml(stage(tampered, mlflow(signing_key=SITE_KEY)), check=True)
+    assert predicted["changed"] and "reuse_from" not in predicted   # check mode reads the lock too
+    res = ml(stage(tampered, mlflow(signing_key=SITE_KEY)))
+    assert not res["failed"] and res["ran"] is True and "reused_from" not in res, res
+    assert any("not reusing MLflow run %s: its lock does not match its signature" % run_a in w
+               for w in warning_texts(res)), res
+
+
+def warning_texts(res: Dict[str, Any]) -> list:
+    return [w["event"]["msg"] if isinstance(w, dict) else w for w in res.get("warnings", [])]
 
 
 class AuthProxy:
