@@ -16,7 +16,7 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 	prometheus-blackbox-exporter daemon chromium chromium-driver
 
 .PHONY: help setup apt venv vendor daemons test test-unit test-gates test-integration test-vm test-container test-lab test-molecule test-gpu-host \
-	image lab teardown bench build clean sanity lint changelog
+	image lab teardown bench build clean sanity lint changelog docs
 
 help:
 	@echo "make setup             install Debian packages, create .venv, start libvirtd/virtlogd"
@@ -37,6 +37,7 @@ help:
 	@echo "make sanity            ansible-test sanity on a copy of the tree (about 1 min warm; in the unit tier)"
 	@echo "make lint              ansible-lint --profile production and antsibull-changelog lint (in the unit tier)"
 	@echo "make changelog         CHANGELOG.rst from changelogs/ (antsibull-changelog generate)"
+	@echo "make docs              HTML docs of every module, plugin and role in .cache/docs/html (antsibull-docs, Sphinx -W)"
 
 setup: apt venv vendor daemons
 
@@ -117,6 +118,9 @@ bench: setup
 
 build: venv
 	@$(VENV)/bin/ansible-galaxy collection build --force --output-path .
+
+docs: venv
+	@scripts/docs.sh
 
 sanity: venv
 	@scripts/sanity.sh

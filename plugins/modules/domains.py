@@ -400,7 +400,7 @@ options:
       metadata:
         description:
         - Key/value pairs stored in the domain as C(<mlinfra:vm xmlns:mlinfra="https://mlinfra.example/kvm/1">),
-          one child element each. The inventory plugin M(mlinfra.kvm.libvirt) turns them into groups and host
+          one child element each. The inventory plugin P(mlinfra.kvm.libvirt#inventory) turns them into groups and host
           variables (for example C(role=worker)). Replaced as a whole; changed live.
         type: dict
       description:

@@ -76,7 +76,7 @@ options:
 notes:
   - Supports check mode and diff mode.
   - The new arguments take effect at the next boot; C(reboot_required) says whether one is
-    needed. The role M(mlinfra.kvm.hypervisor) orchestrates that reboot.
+    needed. The role P(mlinfra.kvm.hypervisor#role) orchestrates that reboot.
 seealso:
   - module: mlinfra.kvm.vfio_pci
   - module: mlinfra.kvm.pci_info
