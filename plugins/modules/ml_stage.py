@@ -409,6 +409,24 @@ EXAMPLES = r'''
 
 - ansible.builtin.debug:
     msg: "{{ train.reasons if train.changed else 'train is up to date' }}"
+
+# Any worker of the site reuses the features another one already made (same key), but only
+# from runs whose lock this site signed: the key is a vault secret the workers share, the
+# tracking server sees only its signature.
+- name: Features, made once per site
+  mlinfra.kvm.ml_stage:
+    name: features
+    chdir: /srv/pipelines/resnet
+    cmd: [python, features.py]
+    deps: [data/raw/]
+    outs: [data/features/]
+    hash_algorithm: blake3
+    mlflow:
+      tracking_uri: http://mlflow.lab:5000
+      experiment: resnet
+      credentials: {username: ml, password: "{{ vault_mlflow_password }}"}
+      reuse: true
+      signing_key: "{{ vault_stage_signing_key }}"
 '''
 
 RETURN = r'''
