@@ -400,8 +400,8 @@ options:
       metadata:
         description:
         - Key/value pairs stored in the domain as C(<mlinfra:vm xmlns:mlinfra="https://mlinfra.example/kvm/1">),
-          one child element each. The inventory plugin P(mlinfra.kvm.libvirt#inventory) turns them into groups and host
-          variables (for example C(role=worker)). Replaced as a whole; changed live.
+          one child element each. The inventory plugin P(mlinfra.kvm.libvirt#inventory) turns them into groups
+          and host variables (for example C(role=worker)). Replaced as a whole; changed live.
         type: dict
       description:
         description:
