@@ -496,17 +496,17 @@ class StageRunner:
         reuse = tracker.find_reuse(key, hasher.algo) if tracker else None
         if self.check:
             if reuse:
-                result["reuse_from"] = reuse["info"]["run_id"]
+                result["reuse_from"] = reuse.run_id
             return result
         manifest = self._input_manifests(inputs, hasher)  # as the inputs are now, before the run
         if reuse and tracker.fetch(reuse):
             lock_doc, manifest = self._lock_doc(key, inputs, git_info, hasher, manifest, None, {},
-                                                reused_from=reuse["info"]["run_id"])
+                                                reused_from=reuse.run_id)
             self.files.write(lock_doc, manifest)
             cache.save()
-            result.update(outs=lock_doc["outs"], reused_from=reuse["info"]["run_id"])
+            result.update(outs=lock_doc["outs"], reused_from=reuse.run_id)
             result["reasons"] = reasons + ["reused the outputs of MLflow run %s (same key, %s)"
-                                           % (reuse["info"]["run_id"], tracker.trust())]
+                                           % (reuse.run_id, tracker.trust())]
             return result
         return self._execute(result, tracker, key, previous_key, inputs, git_info,
                              hasher, manifest, reasons)

@@ -14,7 +14,7 @@ import os
 import shlex
 import shutil
 import socket
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from ._errors import KvmError
 from ._stage_hash import Hasher, StatCache
@@ -34,6 +34,14 @@ def artifact_name(out: str) -> str:
     if out.startswith("/"):
         parts = ["_abs"] + [p for p in parts if p]
     return "outs/" + "/".join("_up_" if p == ".." else p for p in parts)
+
+
+class Reuse(NamedTuple):
+    """A run whose outs may replace running the command: its id, where its artifacts are
+    served, and its lock, already checked against the signing key and the pins."""
+    run_id: str
+    root: str
+    lock: Dict[str, Any]
 
 
 def _tail_bytes(path: str, limit: int) -> bytes:
@@ -56,7 +64,6 @@ class StageTracker:
         self.client: Optional[MlflowClient] = MlflowClient.for_stage(m)
         self.experiment_id: Optional[str] = None
         self.run_info: Optional[Dict[str, Any]] = None
-        self.trusted_lock: Optional[Dict[str, Any]] = None  # of the run find_reuse chose
 
     @property
     def run_id(self) -> Optional[str]:
@@ -81,7 +88,7 @@ class StageTracker:
             self._untracked(exc, "mlflow.tracking_uri")
             return False
 
-    def find_reuse(self, key: str, algo: str) -> Optional[Dict[str, Any]]:
+    def find_reuse(self, key: str, algo: str) -> Optional[Reuse]:
         """The newest FINISHED run of the same key whose outs were uploaded and whose lock
         this task trusts (docs: _stage_sign). Reads only, so check mode predicts the same."""
         if not self.client or not self.m.reuse or self.experiment_id is None:
@@ -97,21 +104,20 @@ class StageTracker:
             return None
         for run in runs:
             try:
-                self.trusted_lock = self._trusted_lock(run, key, algo)
-                return run
-            except (UntrustedLock, KvmError, MlflowError, OSError, ValueError) as exc:
+                return self._trusted(run, key, algo)
+            except (UntrustedLock, KvmError, OSError, ValueError) as exc:
                 self.warn("not reusing MLflow run %s: %s" % (run["info"]["run_id"], getattr(exc, "msg", exc)))
         return None
 
-    def _trusted_lock(self, run: Dict[str, Any], key: str, algo: str) -> Dict[str, Any]:
-        """The run's lock, once its signature (mlflow.signing_key) and pins hold."""
+    def _trusted(self, run: Dict[str, Any], key: str, algo: str) -> Reuse:
+        """The run with its lock, once the lock's signature (mlflow.signing_key) and pins hold."""
         root = self.client.artifact_root(run["info"].get("artifact_uri", ""))
         if root is None:
             raise KvmError("its artifacts are not served by the tracking server")
         body = self.client.read(root, LOCK_ARTIFACT)
         if self.m.signing_key:
             try:
-                sig: Optional[bytes] = self.client.read(root, SIGNATURE_ARTIFACT)
+                sig = self.client.read(root, SIGNATURE_ARTIFACT)
             except MlflowError as exc:  # missing, or unreadable: either way not trusted
                 raise UntrustedLock("its lock's signature %s could not be read (%s)"
                                     % (SIGNATURE_ARTIFACT, exc.msg))
@@ -121,7 +127,7 @@ class StageTracker:
                 or (lock.get("inputs") or {}).get("algorithm") != algo:
             raise KvmError("its lock does not carry key %s (algorithm %s)" % (key, algo))
         check_pins(lock, self.m.reuse_pins)
-        return lock
+        return Reuse(run["info"]["run_id"], root, lock)
 
     def trust(self) -> str:
         """Why the reused lock is trusted, for the task's reasons."""
@@ -132,15 +138,15 @@ class StageTracker:
             why.append("its outs match mlflow.reuse_pins")
         return " and ".join(why)
 
-    def fetch(self, run: Dict[str, Any]) -> bool:
+    def fetch(self, reuse: Reuse) -> bool:
         """Download the outs of the run find_reuse chose into a staging dir, verify every
         hash against its trusted lock, then move them into place. False (and a warning)
         on any doubt."""
-        spec, client, remote = self.spec, self.client, self.trusted_lock or {}
-        run_id = run["info"]["run_id"]
-        root = client.artifact_root(run["info"].get("artifact_uri", ""))
+        spec, client, root, remote = self.spec, self.client, reuse.root, reuse.lock
         staging = os.path.join(spec.state_dir, "%s.fetch.%d" % (spec.name, os.getpid()))
-        verifier = Hasher(StatCache(None, remote.get("inputs", {}).get("algorithm", "sha256")))
+        # find_reuse checked the lock's algorithm against the stage's; staging paths stay out
+        # of the stage's stat cache.
+        verifier = Hasher(StatCache(None, remote["inputs"]["algorithm"]))
         try:
             staged = {}
             for out in spec.outs:
@@ -167,9 +173,9 @@ class StageTracker:
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
                 os.replace(src, dest)
             return True
-        except (KvmError, MlflowError, OSError, ValueError) as exc:
+        except (KvmError, OSError, ValueError) as exc:  # MlflowError is a KvmError
             self.warn("not reusing MLflow run %s: %s; running the command instead"
-                      % (run_id, getattr(exc, "msg", exc)))
+                      % (reuse.run_id, getattr(exc, "msg", exc)))
             return False
         finally:
             shutil.rmtree(staging, ignore_errors=True)

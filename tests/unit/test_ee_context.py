@@ -13,7 +13,6 @@ No image is built: that needs the base image from a registry, which tests may no
 """
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -103,7 +102,7 @@ def test_bindep_resolves_the_system_packages(context: Dict[str, Path]) -> None:
     # bindep on this Debian machine: the dpkg entries, checked against what is installed
     # (`make setup` installs them). -b lists what is missing; it exits 1 when anything is.
     proc = subprocess.run([str(VENV_BIN / "bindep"), "-b", "-f", str(bindep)], capture_output=True, text=True,
-                          timeout=120, check=False, env=dict(os.environ, PATH=os.environ.get("PATH", "")))
+                          timeout=120, check=False)
     assert proc.returncode == 0 and not proc.stdout.strip(), (
         "bindep found missing packages on this machine:\n%s%s" % (proc.stdout, proc.stderr))
     listed = subprocess.run([str(VENV_BIN / "bindep"), "-l", "newline", "-f", str(bindep)], capture_output=True,
