@@ -540,7 +540,10 @@ class StageRunner:
         if spec.params_file:
             env["ML_STAGE_PARAMS"] = spec.abspath(spec.params_file)
         if tracker:
+            from ._stage_track import TELEMETRY_OFF
             env.update(tracker.start(key, previous_key, reasons, hasher.algo, git_info.get("commit")))
+            for name, value in TELEMETRY_OFF.items():  # the stage's env (or the module's) may say otherwise
+                env.setdefault(name, value)
             result["mlflow"] = tracker.summary()
             result["mlflow_run_id"] = tracker.run_id
 

@@ -25,6 +25,12 @@ from ._stage_sign import (KEY_ID_TAG, LOCK_ARTIFACT, SIGNATURE_ARTIFACT, Untrust
 from ._stage_spec import StageSpec, flatten
 
 LOG_ARTIFACT_LIMIT = 10 * 1024 * 1024
+# Given to a tracked command unless its environment already sets them. MLflow 3's client starts
+# a thread that fetches a telemetry config from the internet; where that fails (an on-premise
+# network without a route out) the thread removes _MLFLOW_TELEMETRY_SESSION_ID from os.environ
+# while the command's HTTP client may be iterating os.environ: the lab's train stage died once
+# with "API request to .../runs/get failed with exception '_MLFLOW_TELEMETRY_SESSION_ID'".
+TELEMETRY_OFF = {"MLFLOW_DISABLE_TELEMETRY": "true"}
 TAG_KEY = "mlinfra.stage.key"
 
 

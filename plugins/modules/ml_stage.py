@@ -31,6 +31,11 @@ description:
     one call, uploads the lock and the command's logs as artifacts and ends the run
     C(FINISHED) or C(FAILED). A skipped stage makes no MLflow call at all. Only the REST
     API is used (no C(mlflow) package on the target).
+  - With O(mlflow), the command also gets C(MLFLOW_DISABLE_TELEMETRY=true) unless its
+    environment (O(env), or the module's own) sets that variable. Where MLflow's telemetry
+    endpoint cannot be reached, the client's telemetry thread removes a variable from the
+    process environment while the command's HTTP calls read it, and a tracked command failed
+    with C(KeyError) C('_MLFLOW_TELEMETRY_SESSION_ID').
 version_added: 0.1.0
 author:
   - mlinfra.kvm contributors (@mlinfra)

@@ -36,6 +36,8 @@ with mlflow.start_run() as run:
 params = json.load(open(os.environ["ML_STAGE_PARAMS"]))
 with open("runs.log", "a") as f:
     f.write(run_id + "\n")
+with open("telemetry.txt", "w") as f:
+    f.write(os.environ.get("MLFLOW_DISABLE_TELEMETRY", "<unset>"))
 if os.environ.get("FAIL"):
     sys.exit("training diverged")
 os.makedirs("model", exist_ok=True)
@@ -108,14 +110,18 @@ def test_real_run_is_recorded_and_the_command_attaches(server: Server, tmp_path:
     assert lock["key"] == local["key"] == res["key"]
     assert local["run"]["mlflow"]["run_id"] == run_id
     assert (proj / "runs.log").read_text().strip() == run_id
+    # MLflow's telemetry thread is off in the tracked command (it raced the command's REST calls)
+    assert (proj / "telemetry.txt").read_text() == "true"
 
     # a skipped stage makes no MLflow write at all
     again = ml(stage(proj, mlflow))
     assert not again["failed"] and again["changed"] is False and again["reasons"] == []
     assert len(server.runs("stage-linkage")) == 1
     # a change makes a new run that says why
-    changed = ml(stage(proj, mlflow, params={"lr": 0.02, "grid": {}}))
+    changed = ml(stage(proj, mlflow, params={"lr": 0.02, "grid": {}},
+                       env={"MLFLOW_DISABLE_TELEMETRY": "1"}))
     assert changed["ran"] and changed["mlflow"]["run_id"] != run_id
+    assert (proj / "telemetry.txt").read_text() == "1"   # the stage's own env wins
     second = server.run(changed["mlflow"]["run_id"])
     assert "param lr 0.01 -> 0.02" in second["tags"]["mlinfra.stage.reasons"]
     assert second["tags"]["mlinfra.stage.previous_key"] == res["key"]
