@@ -92,9 +92,17 @@ def _role_entries(playbook: str, strategy: str = "") -> set:
 
 
 def _imported_task_files(path: Path) -> list:
+    """The task files path imports, in order, blocks included."""
     import yaml
-    return [path.parent / task["ansible.builtin.import_tasks"]
-            for task in yaml.safe_load(path.read_text()) or [] if "ansible.builtin.import_tasks" in task]
+
+    def walk(tasks: list) -> list:
+        found = []
+        for task in tasks or []:
+            if "ansible.builtin.import_tasks" in task:
+                found.append(path.parent / task["ansible.builtin.import_tasks"])
+            found += walk(task.get("block"))
+        return found
+    return walk(yaml.safe_load(path.read_text()))
 
 
 def test_services_play_runs_what_the_single_purpose_playbooks_run():
@@ -106,14 +114,20 @@ def test_services_play_runs_what_the_single_purpose_playbooks_run():
     services = _role_entries("services.yml")
     # services.yml splits mlflow_server's readiness off (tasks_from: ready), makes the
     # controller-side bundles in a play of their own (tasks_from: their source's task file), and
-    # runs the pipeline's main in two halves: prepare (free play) and train (linear play).
+    # runs the pipeline's main in parts: code (before MLflow is up) and prepare in the free play,
+    # train in a linear play.
     extra = {("mlinfra.kvm.mlflow_server", "ready")} | {
         (role, entry) for role, entry in services if entry.startswith("{{")}
-    halves = {("mlinfra.kvm.pipeline", "prepare"), ("mlinfra.kvm.pipeline", "train")}
-    assert halves <= services
-    assert services - extra - halves == single - {("mlinfra.kvm.pipeline", "main")}, (services - extra) ^ single
+    parts = {("mlinfra.kvm.pipeline", "code"), ("mlinfra.kvm.pipeline", "prepare"),
+             ("mlinfra.kvm.pipeline", "train")}
+    assert parts <= services
+    assert services - extra - parts == single - {("mlinfra.kvm.pipeline", "main")}, (services - extra) ^ single
     tasks = Path(ROOT) / "roles" / "pipeline" / "tasks"
     assert _imported_task_files(tasks / "main.yml") == [tasks / "prepare.yml", tasks / "train.yml"]
+    # code is the first part of prepare (which skips it when code already ran), nothing else
+    code = _imported_task_files(tasks / "code.yml")
+    assert code == [tasks / "preflight.yml", tasks / "layout.yml"], code
+    assert _imported_task_files(tasks / "prepare.yml")[:2] == code
 
 
 def test_free_strategy_play_loads_no_run_once_task():
