@@ -301,7 +301,7 @@ def test_through_ansible_playbook(server: Server, tmp_path: Path) -> None:
     """The module as Ansible ships it (AnsiballZ): every module_util it imports lazily
     (MLflow tracking, code fingerprints, metrics) must travel with it."""
     proj = project(tmp_path / "p")
-    (proj / ".gitignore").write_text("runs.log\n")  # written by the command, not an out
+    (proj / ".gitignore").write_text("runs.log\ntelemetry.txt\n")  # written by the command, not outs
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
     subprocess.run(["git", "-C", str(proj), "add", "train.py", ".gitignore"], check=True)
     subprocess.run(["git", "-C", str(proj), "-c", "user.name=t", "-c", "user.email=t@example.invalid",
