@@ -143,7 +143,7 @@ def _lock(lab: Lab, host: str) -> bytes:
     return (lab.roots[host] / ".ml_stage" / "train.lock.json").read_bytes()
 
 
-@pytest.mark.parametrize("case", ["other_params", "port_in_use", "too_many_workers", "tiny_batch"])
+@pytest.mark.parametrize("case", ["other_params", "port_in_use", "too_many_workers", "tiny_batch", "worker_left"])
 def test_bad_input_is_refused_before_any_process_starts(lab: Lab, case: str) -> None:
     locks = {h: _lock(lab, h) for h in lab.roots}
     runs = len(lab.train_runs())
@@ -160,6 +160,16 @@ def test_bad_input_is_refused_before_any_process_starts(lab: Lab, case: str) -> 
         needle = "w2: key"
         # -e would override the host variable: pass the params only through the inventories.
         params = None
+    elif case == "worker_left":
+        # w2 fails before the train (its root cannot be made): w1 must not train alone, nor
+        # trip over w2's missing facts (a CI run ended in "HostVarsVars has no attribute").
+        inv = yaml.safe_load(lab.inventory.read_text())
+        inv["all"]["children"]["mlinfra_worker"]["hosts"]["w2"]["pipeline_root"] = "/proc/mlinfra-no-such-root"
+        bad_inventory = lab.base / "hosts-worker-left.yml"
+        bad_inventory.write_text(yaml.safe_dump(inv))
+        extra = ["-i", str(bad_inventory)]
+        needle = "w2 left the play after an earlier failure"
+        params = None
     elif case == "port_in_use":
         holder = socket.socket()
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -173,7 +183,7 @@ def test_bad_input_is_refused_before_any_process_starts(lab: Lab, case: str) -> 
         params = dict(params, batch_size=1)
         needle = "pipeline_train_params.batch_size 1 over 2 processes"
     try:
-        if case == "other_params":
+        if case in ("other_params", "worker_left"):
             proc = _play_inventories(lab, extra)
         else:
             proc = lab.play(*extra, params=params)
