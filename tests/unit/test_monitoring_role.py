@@ -266,3 +266,60 @@ def test_units_up_from_the_role_s_own_expression(tmp_path, exporters_read, serve
     }], sort_keys=False))
     proc = run_playbook(play, "-e", "@%s" % overrides)
     assert proc.returncode == 0, (failures(proc), proc.stdout[-2000:])
+
+
+def _handler_decisions(tmp_path: Path, runs: dict, changed_tags: list) -> dict:
+    """Each server handler's `when`, as handlers/main.yml writes it, evaluated by Ansible with
+    the role's vars and the given results of the "Run ..." tasks and of config.yml."""
+    handlers = {h["name"]: h["when"] if isinstance(h["when"], list) else [h["when"]]
+                for h in yaml.safe_load((ROLE / "handlers/main.yml").read_text()) if "when" in h}
+    facts = dict(runs, __monitoring_server_config={"changed": bool(changed_tags), "changed_tags": changed_tags})
+    expression = "{{ {%s} | to_json }}" % ", ".join(
+        "%s: (%s)" % (json.dumps(name), " and ".join("(%s)" % c.strip() for c in conditions))
+        for name, conditions in handlers.items())
+    play = tmp_path / "handlers.yml"
+    play.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False,
+        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
+        "tasks": [{"ansible.builtin.set_fact": facts},
+                  {"ansible.builtin.debug": {"msg": expression}}]}], sort_keys=False))
+    proc = run_playbook(play)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok: [localhost] => ") and '"msg"' in ln][-1]
+    return json.loads(json.loads(line.split("=> ", 1)[1])["msg"])
+
+
+ALL_SERVER_TAGS = ["monitoring prometheus reload", "monitoring prometheus restart", "monitoring alertmanager reload",
+                   "monitoring alertmanager restart", "monitoring blackbox restart", "monitoring receiver restart",
+                   "monitoring receiver unit"]
+SERVER_RUNS = {"__monitoring_prometheus_run": "prometheus", "__monitoring_alertmanager_run": "prometheus-alertmanager",
+               "__monitoring_blackbox_run": "prometheus-blackbox-exporter",
+               "__monitoring_receiver_run": "mlinfra-alert-receiver"}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("before", ["inactive", "failed"])
+def test_units_this_run_started_get_no_restart_or_reload(tmp_path, before):
+    """A first run: every unit was stopped, its Run task started it after config.yml wrote its
+    files; restarting or reloading it again is work with nothing to apply."""
+    runs = {var: {"changed": True, "name": unit, "status": {"ActiveState": before}} for var, unit in SERVER_RUNS.items()}
+    decisions = _handler_decisions(tmp_path, runs, ALL_SERVER_TAGS)
+    assert decisions and not any(decisions.values()), decisions
+
+
+@pytest.mark.unit
+def test_units_that_ran_before_get_their_handlers_once(tmp_path):
+    """Running before this run (Run tasks skipped) or started by the package's postinst (Run
+    task ok, unit active): changed files need their restart; a restart makes the reload moot."""
+    skipped = {var: {"changed": False, "skipped": True} for var in SERVER_RUNS}
+    decisions = _handler_decisions(tmp_path, skipped, ALL_SERVER_TAGS)
+    assert decisions["Restart Prometheus (its command line changed)"] and decisions["Restart Alertmanager"]
+    assert decisions["Restart the blackbox exporter"] and decisions["Restart the alert receiver"]
+    assert decisions["Reload systemd units"]  # the receiver's unit changed while it runs
+    assert not decisions["Reload Prometheus"] and not decisions["Reload Alertmanager"]
+
+    postinst = {var: {"changed": True, "name": unit, "status": {"ActiveState": "active"}}  # enabled only
+                for var, unit in SERVER_RUNS.items()}
+    decisions = _handler_decisions(tmp_path, postinst, ["monitoring prometheus reload", "monitoring alertmanager reload"])
+    assert decisions["Reload Prometheus"] and decisions["Reload Alertmanager"]
+    assert not decisions["Restart Prometheus (its command line changed)"] and not decisions["Reload systemd units"]
