@@ -438,7 +438,7 @@ def test_monitoring_on_the_lab(lab, tmp_path):
             "metrics_textfile_dir": "/var/lib/prometheus/node-exporter", "metrics_labels": {"pipeline": "alert-drill"}},
             log=logs / "stage-drill.log")
         assert proc.returncode != 0 and "drill command failed on purpose" in proc.stdout, tail(proc.stdout)
-        deadline = VM_DOWN_FOR_S + 2 * LAB_SCRAPE_S + LAB_GROUP_WAIT_S + 45  # slack: TCG guests, 2 cores
+        deadline = VM_DOWN_FOR_S + 2 * LAB_SCRAPE_S + LAB_GROUP_WAIT_S + 180  # slack: TCG guests on 2 loaded cores (a poll: ends when seen)
         fired = poll("VMNotRunning firing for mlinfra-worker-1 at the receiver",
                      lambda: alert_seen(tracking, "VMNotRunning", "firing", forced, domain="mlinfra-worker-1"),
                      deadline, every_s=5)
@@ -449,20 +449,20 @@ def test_monitoring_on_the_lab(lab, tmp_path):
         conn.close()
     alert = poll("PipelineStageFailed at the receiver",
                  lambda: alert_seen(tracking, "PipelineStageFailed", "firing", drill_start, stage="train-drill"),
-                 3 * LAB_SCRAPE_S + LAB_GROUP_WAIT_S + 90, every_s=5)
+                 3 * LAB_SCRAPE_S + LAB_GROUP_WAIT_S + 180, every_s=5)
     assert alert["labels"].get("pipeline") == "alert-drill", alert
     assert alert["labels"].get("host") == "mlinfra-worker-2", alert
     timings["stage_failed_alert_s"] = round(alert["received_at"] - drill_start, 1)
     poll("VMNotRunning resolved for mlinfra-worker-1",
          lambda: alert_seen(tracking, "VMNotRunning", "resolved", restarted, domain="mlinfra-worker-1"),
-         LAB_SCRAPE_S * 3 + 120, every_s=5)
+         LAB_SCRAPE_S * 3 + 240, every_s=5)
     timings["vm_down_alert_cleared_s"] = round(time.time() - restarted, 1)
     # Running (what the alert clears on) comes long before the guest's sshd and node exporter
     # answer under TCG: the worker is back when both do.
     poll("mlinfra-worker-1 answering SSH after its restart",
-         lambda: ssh_answers(guest_address("mlinfra-worker-1")), 300, every_s=5)
+         lambda: ssh_answers(guest_address("mlinfra-worker-1")), 600, every_s=5)
     poll("mlinfra-worker-1's node exporter scraped up again",
-         lambda: node_target_up(base, "mlinfra-worker-1"), 3 * LAB_SCRAPE_S + 60, every_s=5)
+         lambda: node_target_up(base, "mlinfra-worker-1"), 3 * LAB_SCRAPE_S + 180, every_s=5)
     timings["vm_restart_ssh_and_scrape_s"] = round(time.time() - restarted, 1)
 
 
