@@ -126,8 +126,8 @@ def test_services_play_runs_what_the_single_purpose_playbooks_run():
     assert _imported_task_files(tasks / "main.yml") == [tasks / "prepare.yml", tasks / "train.yml"]
     # code is the first part of prepare (which skips it when code already ran), nothing else
     code = _imported_task_files(tasks / "code.yml")
-    assert code == [tasks / "preflight.yml", tasks / "layout.yml"], code
-    assert _imported_task_files(tasks / "prepare.yml")[:2] == code
+    assert code == [tasks / "preflight.yml", tasks / "layout.yml", tasks / "data.yml"], code
+    assert _imported_task_files(tasks / "prepare.yml")[:3] == code
 
 
 def test_free_strategy_play_loads_no_run_once_task():
