@@ -16,7 +16,7 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 	prometheus-blackbox-exporter daemon chromium chromium-driver
 
 .PHONY: help setup apt venv vendor daemons test test-unit test-gates test-integration test-vm test-container test-lab test-molecule test-gpu-host \
-	image lab teardown bench build clean sanity lint changelog docs
+	image lab teardown bench build clean sanity units lint changelog docs
 
 help:
 	@echo "make setup             install Debian packages, create .venv, start libvirtd/virtlogd"
@@ -35,6 +35,7 @@ help:
 	@echo "make bench             benchmarks under bench/ (not part of the tests)"
 	@echo "make build             ansible-galaxy collection build"
 	@echo "make sanity            ansible-test sanity on a copy of the tree (about 1 min warm; in the unit tier)"
+	@echo "make units             the unit tier through ansible-test units (about 7 min; CI runs it through pytest)"
 	@echo "make lint              ansible-lint --profile production and antsibull-changelog lint (in the unit tier)"
 	@echo "make changelog         CHANGELOG.rst from changelogs/ (antsibull-changelog generate)"
 	@echo "make docs              HTML docs of every module, plugin and role in .cache/docs/html (antsibull-docs, Sphinx -W)"
@@ -124,6 +125,9 @@ docs: venv
 
 sanity: venv
 	@scripts/sanity.sh
+
+units: venv
+	@scripts/ansible-test.sh units
 
 lint: venv
 	@scripts/lint.sh

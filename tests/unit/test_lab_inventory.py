@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 pytestmark = pytest.mark.unit
-BIN = Path(ROOT) / ".venv" / "bin"
+BIN = Path(sys.executable).parent  # the venv running the tests (its ansible-playbook)
 
 
 def ansible(tool: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
