@@ -4,7 +4,8 @@ Scenarios live in molecule/<name>/ at the collection root (molecule 26 warns tha
 should move them to extensions/molecule/ and, without MOLECULE_GLOB, would look there when
 molecule/ is absent); MOLECULE_GLOB pins the layout used here. Each scenario's own sequence
 is destroy, create, converge, idempotence (second converge must report changed=0), verify,
-destroy; Molecule destroys on failure too.
+destroy; Molecule destroys on failure too. The verify step is testinfra (molecule/<name>/verify.py,
+pytest with the `host` fixture over the scenario's own inventory and pinned SSH options).
 
 - mlflow_server, mlflow_server_postgresql, ml_runtime: a TCG guest from the lab image (molecule/_shared/libvirt_guest.py,
   built on tests/vm/harness.py) on its own NAT network; one guest at a time.
@@ -69,6 +70,10 @@ def check(proc: subprocess.CompletedProcess) -> None:
     text = proc.stdout + proc.stderr
     assert re.search(r"> idempotence\]\s+Executed: Successful", text), tail
     assert re.search(r"> verify\]\s+Executed: Successful", text), tail
+    # The testinfra verifier calls a run with no test file "successful" too: demand that pytest
+    # ran the scenario's verify.py and that nothing in it failed or was skipped.
+    summary = re.findall(r"^=+ (.*\bin [0-9.]+s.*) =+$", text, re.M)
+    assert summary and re.fullmatch(r"\d+ passed(, \d+ warnings?)? in [0-9.]+s( \(.*\))?", summary[-1]), (summary, tail)
 
 
 @pytest.mark.vm
