@@ -88,6 +88,13 @@ export PATH="$venv/bin:$PATH"
 # (the Makefile exports the checkout's ansible.cfg).
 unset ANSIBLE_CONFIG ANSIBLE_COLLECTIONS_PATH ANSIBLE_COLLECTIONS_PATHS
 if [[ $command == units ]]; then
+    # Build outputs of make setup that git ignores and the role tests read: the dashboard's
+    # vendored chart library (the monitoring role's preflight checks for it first).
+    vendor=roles/monitoring/files/dashboard/vendor
+    if [[ -d $root/$vendor ]]; then
+        mkdir -p "$dest/$vendor"
+        rsync -a "$root/$vendor/" "$dest/$vendor/"
+    fi
     # The recorded fixtures the tests read from ../shared beside the checkout (ansible-test passes
     # no variable of ours through to pytest, so the copy gets the same neighbour).
     if [[ -d $root/../shared ]]; then
