@@ -6,7 +6,8 @@ What is checked, each able to fail: the service and its unit, the listener (the 
 not every address), the files' owners and modes, auth seen from the controller (401 without or
 with a wrong password, 200 with the generated one), a run logged from the controller (another
 machine) with the MLflow client, which with its metric and artifact survives a restart of the
-server, and the schema-version record. Secrets never reach an argument list or an assert message.
+server, and the schema-version record. Secrets never reach an argument list, an assert message
+or a traceback (Secrets' repr).
 """
 from __future__ import annotations
 
@@ -41,11 +42,19 @@ print(run.info.run_id)
 """
 
 
+class Secrets(dict):
+    """The controller's credentials file. pytest prints a failing test's arguments (and those of
+    every frame in its traceback), so the repr names the keys only, never a value."""
+
+    def __repr__(self) -> str:
+        return "<credentials: %s>" % ", ".join(sorted(self))
+
+
 def hostvars(host) -> dict:
     return host.ansible.get_variables()
 
 
-def request(url: str, creds: Optional[tuple[str, str]] = None, method: str = "GET",
+def request(url: str, creds: Optional[Secrets] = None, method: str = "GET",
             body: Optional[dict] = None) -> tuple[int, bytes]:
     """One HTTP call from the controller; returns (status, body) for every status."""
     data = None if body is None else json.dumps(body).encode()
@@ -53,7 +62,7 @@ def request(url: str, creds: Optional[tuple[str, str]] = None, method: str = "GE
     if data is not None:
         req.add_header("Content-Type", "application/json")
     if creds:
-        token = base64.b64encode(("%s:%s" % creds).encode()).decode()
+        token = base64.b64encode(("%s:%s" % (creds["username"], creds["password"])).encode()).decode()
         req.add_header("Authorization", "Basic " + token)
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (lab address, http by design here)
@@ -62,8 +71,8 @@ def request(url: str, creds: Optional[tuple[str, str]] = None, method: str = "GE
         return err.code, err.read()
 
 
-def api(url: str, creds: dict, path: str, **kw: Any) -> dict:
-    status, body = request(url + path, (creds["username"], creds["password"]), **kw)
+def api(url: str, creds: Secrets, path: str, **kw: Any) -> dict:
+    status, body = request(url + path, creds, **kw)
     assert status == 200, (path, status, body[:500])
     return json.loads(body)
 
@@ -99,8 +108,8 @@ class MlflowServerChecks:
         return Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "secrets" / name
 
     @pytest.fixture(scope="class")
-    def creds(self, creds_file) -> dict:
-        return json.loads(creds_file.read_text())
+    def creds(self, creds_file) -> Secrets:
+        return Secrets(json.loads(creds_file.read_text()))
 
     @pytest.fixture(scope="class")
     def logged_run(self, url, creds) -> str:
@@ -153,7 +162,7 @@ class MlflowServerChecks:
 
     def test_auth_refuses_without_or_with_a_wrong_password(self, url, creds):
         assert request(url + SEARCH)[0] == 401
-        assert request(url + SEARCH, (creds["username"], "not-" + creds["password"]))[0] == 401
+        assert request(url + SEARCH, Secrets(creds, password="not-" + creds["password"]))[0] == 401
 
     def test_auth_accepts_the_generated_admin(self, url, creds):
         # api() asserts the 200; the Default experiment is always there.
@@ -169,7 +178,7 @@ class MlflowServerChecks:
         root = run["info"]["artifact_uri"]
         assert root.startswith("mlflow-artifacts:/"), root
         status, body = request("%s/api/2.0/mlflow-artifacts/artifacts/%s/notes.txt" % (url, root[len("mlflow-artifacts:/"):]),
-                               (creds["username"], creds["password"]))
+                               creds)
         assert (status, body) == (200, b"artifact body")
 
     def test_schema_version_record_names_the_installed_mlflow(self, host):
