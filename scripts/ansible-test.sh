@@ -43,19 +43,22 @@ mkdir -p "${dest%/ansible_collections/*}"
 exec 9>"${dest%/ansible_collections/*}/lock"
 flock 9
 
-# The pip bootstrap for ansible-test's virtual environments (see scripts/sanity_get_pip.py).
-pip_version=$("$venv/bin/python" -c 'from types import SimpleNamespace
+# The pip bootstrap for ansible-test's virtual environments (see scripts/sanity_get_pip.py);
+# only sanity builds them (--venv), units run in the project venv (--local).
+if [[ $command == sanity ]]; then
+    pip_version=$("$venv/bin/python" -c 'from types import SimpleNamespace
 from ansible_test._internal.python_requirements import get_venv_packages
 print(get_venv_packages(SimpleNamespace(version="'"$python_version"'"))["pip"])')
-pip_cache=$HOME/.ansible/test/cache
-get_pip=$pip_cache/get_pip_${pip_version//./_}.py
-if [[ ! -f $pip_cache/pip-$pip_version-py3-none-any.whl ]]; then
-    mkdir -p "$pip_cache"
-    "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps \
-        --only-binary :all: --dest "$pip_cache" "pip==$pip_version"
-fi
-if ! cmp -s "$root/scripts/sanity_get_pip.py" "$get_pip"; then
-    cp "$root/scripts/sanity_get_pip.py" "$get_pip"
+    pip_cache=$HOME/.ansible/test/cache
+    get_pip=$pip_cache/get_pip_${pip_version//./_}.py
+    if [[ ! -f $pip_cache/pip-$pip_version-py3-none-any.whl ]]; then
+        mkdir -p "$pip_cache"
+        "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps \
+            --only-binary :all: --dest "$pip_cache" "pip==$pip_version"
+    fi
+    if ! cmp -s "$root/scripts/sanity_get_pip.py" "$get_pip"; then
+        cp "$root/scripts/sanity_get_pip.py" "$get_pip"
+    fi
 fi
 
 # A fresh copy each run, so files deleted or renamed in the checkout do not linger; only

@@ -28,10 +28,10 @@ class TestMlflowServerOnPostgresql(MlflowServerChecks):
         service = host.service("postgresql")
         assert service.is_running and service.is_enabled
 
-    def test_postgresql_listens_on_loopback_only(self, host):
+    def test_postgresql_listens_on_loopback_only(self, host, address):
         assert host.socket("tcp://127.0.0.1:5432").is_listening
         assert not host.socket("tcp://0.0.0.0:5432").is_listening
-        assert not host.socket("tcp://%s:5432" % host.ansible.get_variables()["ansible_host"]).is_listening
+        assert not host.socket("tcp://%s:5432" % address).is_listening
 
     def test_the_run_is_stored_in_postgresql(self, host, logged_run):
         assert re.fullmatch(r"[0-9a-f]{32}", logged_run), logged_run
