@@ -6,6 +6,7 @@ answers; stopped with its whole process group. tests/conftest.py starts one per 
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import pytest
 
@@ -42,15 +43,31 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, tmp: Path) -> None:
+    """``admin_password`` set: MLflow's basic-auth app, its admin ``admin`` with that password,
+    every user READ by default (as mlinfra.kvm.mlflow_server configures it)."""
+
+    ADMIN = "admin"
+
+    def __init__(self, tmp: Path, admin_password: Optional[str] = None) -> None:
         self.tmp = tmp
         self.port = _free_port()
         self.url = "http://127.0.0.1:%d" % self.port
+        self.admin_password = admin_password
         cmd = [_mlflow_bin(), "server", "--host", "127.0.0.1", "--port", str(self.port),
                "--backend-store-uri", "sqlite:///%s" % (tmp / "mlflow.db"),
                "--artifacts-destination", str(tmp / "artifacts"), "--workers", "1"]
+        env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+        if admin_password:
+            ini = tmp / "basic_auth.ini"
+            ini.write_text("[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///%s\n"
+                           "admin_username = %s\nauthorization_function = "
+                           "mlflow.server.auth:authenticate_request_basic_auth\n"
+                           % (tmp / "basic_auth.db", self.ADMIN))
+            env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_AUTH_ADMIN_PASSWORD=admin_password,
+                       MLFLOW_FLASK_SERVER_SECRET_KEY=os.urandom(16).hex())
+            cmd += ["--app-name", "basic-auth"]
         self.log = open(tmp / "server.log", "wb")
-        self.proc = subprocess.Popen(cmd, cwd=str(tmp), stdout=self.log,
+        self.proc = subprocess.Popen(cmd, cwd=str(tmp), stdout=self.log, env=env,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         deadline = time.monotonic() + 240
@@ -87,13 +104,21 @@ class Server:
 
     # -- REST, independent of the module's own client ------------------------------------
     def api(self, method: str, endpoint: str, body: Optional[Dict[str, Any]] = None,
-            query: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        url = "%s/api/2.0/%s" % (self.url, endpoint)
+            query: Optional[Dict[str, Any]] = None, version: int = 2,
+            login: Optional[Tuple[str, str]] = None) -> Dict[str, Any]:
+        """One REST call; on a basic-auth server as ``login`` (user, password), else as the admin."""
+        url = "%s/api/%d.0/%s" % (self.url, version, endpoint)
         if query:
             url += "?" + urllib.parse.urlencode(query)
+        headers = {"Content-Type": "application/json"}
+        if login is None and self.admin_password:
+            login = (self.ADMIN, self.admin_password)
+        if login:
+            token = base64.b64encode(("%s:%s" % login).encode()).decode()
+            headers["Authorization"] = "Basic " + token
         req = urllib.request.Request(url, method=method,
                                      data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
         with urllib.request.urlopen(req, timeout=30) as resp:
             raw = resp.read()
         return json.loads(raw) if raw.strip() else {}

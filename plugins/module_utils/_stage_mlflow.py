@@ -52,8 +52,11 @@ def clip(value: str, limit: int) -> str:
 class MlflowClient:
     def __init__(self, tracking_uri: str, username: Optional[str] = None,
                  password: Optional[str] = None, token: Optional[str] = None,
-                 timeout: float = 30, validate_certs: bool = True) -> None:
+                 timeout: float = 30, validate_certs: bool = True,
+                 credentials_option: str = "mlflow.credentials") -> None:
         self.base = tracking_uri.rstrip("/")
+        # Named in the hint of a 401/403: the option whose credentials the server refused.
+        self.credentials_option = credentials_option
         self.timeout = timeout
         self.headers: Dict[str, str] = {}
         if token:
@@ -90,7 +93,7 @@ class MlflowClient:
                 pass
             hint = ""
             if exc.code in (401, 403):
-                hint = " (check mlflow.credentials)"
+                hint = " (check %s)" % self.credentials_option
             raise MlflowError("MLflow %s %s: HTTP %s%s%s" % (method, url.split("?")[0], exc.code,
                                                              " " + message if message else "", hint),
                               status=exc.code, error_code=code)
@@ -99,9 +102,10 @@ class MlflowClient:
             raise MlflowError("MLflow tracking server %s is unreachable (%s)" % (self.base, reason))
 
     def call(self, method: str, endpoint: str, body: Optional[Dict[str, Any]] = None,
-             query: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+             query: Optional[Dict[str, Any]] = None, version: int = 2) -> Dict[str, Any]:
+        """One REST call; ``version`` 3 for the API that MLflow 3 added (user permissions)."""
         import urllib.parse
-        url = "%s/api/2.0/mlflow/%s" % (self.base, endpoint)
+        url = "%s/api/%d.0/mlflow/%s" % (self.base, version, endpoint)
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = json.dumps(body).encode("utf-8") if body is not None else None
