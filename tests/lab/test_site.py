@@ -204,6 +204,7 @@ def test_site_end_to_end(lab):
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(unauth, timeout=30)
     assert err.value.code == 401
+    assert_pipeline_user_edits_its_experiment_only(api)
 
     start = time.monotonic()
     second = playbook("site.yml", *EXTRA, log=logs / "site-2.log")
@@ -221,6 +222,27 @@ def test_site_end_to_end(lab):
     # role and torchrun across two nodes, four ways, in a minute. Here it cost a third site.yml
     # with a TCG train (about 8 minutes of CI's 90); MLKVM_LAB_DRILLS=1 still ends the
     # interruption drills below with a param-change run on the lab.
+
+
+def assert_pipeline_user_edits_its_experiment_only(admin: "MlflowApi") -> None:
+    """The stages logged their runs (the train run above) as the pipeline's own user, which may
+    edit the pipeline's experiment and nothing else: never as the admin."""
+    path = SECRETS / "mlflow-mlinfra-tracking-pipeline-mlinfra-pipeline.json"
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    creds = json.loads(path.read_text())
+    admin_password = json.loads((SECRETS / "mlflow-mlinfra-tracking.json").read_text())["password"]
+    assert creds["username"] == "pipeline-mlinfra-pipeline" and creds["password"] != admin_password
+    user = admin.call("GET", "/api/2.0/mlflow/users/get?username=" + creds["username"])["user"]
+    assert user["is_admin"] is False
+    pipeline_id = admin.call("GET", "/api/2.0/mlflow/experiments/get-by-name?experiment_name=mlinfra-pipeline"
+                             )["experiment"]["experiment_id"]
+    rows = admin.call("GET", "/api/3.0/mlflow/users/permissions/list?username=" + creds["username"])["permissions"]
+    assert [(r["resource_type"], r["resource_pattern"], r["permission"]) for r in rows] == \
+        [("experiment", pipeline_id, "EDIT")], rows
+    pipeline = MlflowApi(creds)
+    with pytest.raises(urllib.error.HTTPError) as denied:   # the Default experiment: READ only
+        pipeline.call("POST", "/api/2.0/mlflow/runs/create", {"experiment_id": "0"})
+    assert denied.value.code == 403
 
 
 def rank_report(worker: str, rank: int) -> Dict:
