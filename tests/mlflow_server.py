@@ -3,6 +3,10 @@
 Started from the project's venv on a free port in a temporary directory; ready once /health
 answers; stopped with its whole process group. tests/conftest.py starts one per pytest session
 (fixture ``mlflow_server``): each test uses experiments of its own names, so they share it.
+
+``Server(tmp, tls=True)`` serves https instead (uvicorn's own TLS) with a certificate for
+127.0.0.1 and localhost signed by a private CA made for it in ``tmp``: ``ca_path`` is that CA's
+PEM file, and this module's own REST calls verify against it.
 """
 from __future__ import annotations
 
@@ -10,10 +14,14 @@ import base64
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import datetime
+import ipaddress
 import time
 import urllib.error
 import urllib.parse
@@ -42,20 +50,84 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _write_key(path: Path, key: Any) -> None:
+    """A private key in PEM, 0600 from the moment the file exists (never readable by others)."""
+    from cryptography.hazmat.primitives import serialization
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+
+
+def _certificate(subject: str, public_key: Any, issuer: str, signing_key: Any, ca: bool) -> Any:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+               .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+               .public_key(public_key).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=2))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True))
+    if ca:
+        builder = builder.add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False,
+            decipher_only=False), critical=True)
+        builder = builder.add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+    else:
+        builder = builder.add_extension(x509.SubjectAlternativeName([
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
+        builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        builder = builder.add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+            signing_key.public_key()), critical=False)
+    return builder.sign(signing_key, hashes.SHA256())
+
+
+def make_tls(directory: Path) -> Tuple[Path, Path, Path]:
+    """A private CA and a server certificate for 127.0.0.1/localhost signed by it, in
+    ``directory``: (CA certificate, server certificate, server key), PEM, keys 0600. Python's
+    ssl (OpenSSL 3, strict X.509) needs the CA's key usage and the key identifiers."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_cert = _certificate("mlkvmtest private CA", ca_key.public_key(), "mlkvmtest private CA", ca_key, True)
+    server_cert = _certificate("127.0.0.1", server_key.public_key(), "mlkvmtest private CA", ca_key, False)
+    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    _write_key(directory / "ca.key", ca_key)
+    _write_key(paths[2], server_key)
+    paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    return paths
+
+
 class Server:
     """``admin_password`` set: MLflow's basic-auth app, its admin ``admin`` with that password,
-    every user READ by default (as mlinfra.kvm.mlflow_server configures it)."""
+    every user READ by default (as mlinfra.kvm.mlflow_server configures it).
+    ``tls``: https with a certificate of a private CA made for this server (``ca_path``)."""
 
     ADMIN = "admin"
 
-    def __init__(self, tmp: Path, admin_password: Optional[str] = None) -> None:
+    def __init__(self, tmp: Path, admin_password: Optional[str] = None, tls: bool = False) -> None:
         self.tmp = tmp
         self.port = _free_port()
-        self.url = "http://127.0.0.1:%d" % self.port
         self.admin_password = admin_password
+        self.ca_path: Optional[Path] = None
+        # urllib's default context (the system's CAs) for http; the private CA only, for https.
+        self.context: Optional[ssl.SSLContext] = None
         cmd = [_mlflow_bin(), "server", "--host", "127.0.0.1", "--port", str(self.port),
                "--backend-store-uri", "sqlite:///%s" % (tmp / "mlflow.db"),
                "--artifacts-destination", str(tmp / "artifacts"), "--workers", "1"]
+        if tls:
+            self.ca_path, cert, key = make_tls(tmp / "tls")
+            self.context = ssl.create_default_context(cafile=str(self.ca_path))
+            # `mlflow server` runs uvicorn (MLflow 3's default) and passes these options through.
+            cmd += ["--uvicorn-opts", shlex.join(["--ssl-keyfile", str(key), "--ssl-certfile", str(cert)])]
+        self.url = "%s://127.0.0.1:%d" % ("https" if tls else "http", self.port)
         env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
         if admin_password:
             ini = tmp / "basic_auth.ini"
@@ -76,10 +148,15 @@ class Server:
                 self.stop()
                 pytest.fail("mlflow server exited with %s:\n%s" % (self.proc.returncode, self.log_tail()))
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                with urllib.request.urlopen(self.url + "/health", timeout=2, context=self.context) as resp:
                     if resp.status == 200:
                         break
-            except (urllib.error.URLError, OSError):
+            except urllib.error.URLError as exc:
+                if isinstance(exc.reason, ssl.SSLCertVerificationError):  # waiting cannot fix that
+                    self.stop()
+                    pytest.fail("the test server's certificate does not verify against its CA: %s"
+                                % exc.reason)
+            except OSError:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
@@ -119,7 +196,7 @@ class Server:
         req = urllib.request.Request(url, method=method,
                                      data=json.dumps(body).encode() if body is not None else None,
                                      headers=headers)
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=30, context=self.context) as resp:
             raw = resp.read()
         return json.loads(raw) if raw.strip() else {}
 
@@ -153,5 +230,5 @@ class Server:
     def artifact(self, run_info: Dict[str, Any], path: str) -> bytes:
         root = run_info["artifact_uri"].split("mlflow-artifacts:", 1)[1].lstrip("/")
         with urllib.request.urlopen("%s/api/2.0/mlflow-artifacts/artifacts/%s/%s"
-                                    % (self.url, root, path), timeout=30) as resp:
+                                    % (self.url, root, path), timeout=30, context=self.context) as resp:
             return resp.read()

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ._diff import DifferenceTracker
 from ._errors import InvalidInputError, KvmError
 from ._stage_mlflow import MlflowClient, MlflowError
-from ._validate import plain_text
+from ._validate import ca_file, plain_text
 
 PERMISSIONS = ("READ", "USE", "EDIT", "MANAGE", "NO_PERMISSIONS", "DENY")
 MIN_PASSWORD = 12  # MLflow's own rule (mlflow.utils.validation._validate_password)
@@ -54,6 +54,7 @@ class UserSpec:
     purge: bool
     timeout: float
     validate_certs: bool
+    ca_path: Optional[str] = None
 
     @classmethod
     def from_params(cls, p: Dict[str, Any]) -> "UserSpec":
@@ -98,9 +99,11 @@ class UserSpec:
         timeout = p["timeout"]
         if not 1 <= timeout <= 3600:
             raise InvalidInputError("timeout", timeout, "is out of range", "give 1 to 3600 seconds")
+        # Checked whatever the URL's scheme, so a server moved to https finds it sound.
+        ca_path = ca_file("ca_path", p.get("ca_path"))
         return cls(uri, p["admin_username"], p["admin_password"], p["name"], p["state"], password,
                    p["update_password"], p["is_admin"], grants, p["create_experiments"],
-                   p["purge_experiment_permissions"], float(timeout), p["validate_certs"])
+                   p["purge_experiment_permissions"], float(timeout), p["validate_certs"], ca_path)
 
 
 @dataclass
@@ -117,9 +120,14 @@ class MlflowUserService:
 
     def __init__(self, spec: UserSpec) -> None:
         self.spec = spec
-        self.admin = MlflowClient(spec.tracking_uri, spec.admin_username, spec.admin_password,
-                                  timeout=spec.timeout, validate_certs=spec.validate_certs,
-                                  credentials_option="admin_username/admin_password")
+        self.admin = self._client(spec.admin_username, spec.admin_password, "admin_username/admin_password")
+
+    def _client(self, username: str, password: str, credentials_option: str) -> MlflowClient:
+        """Every client of this module verifies the server the same way (one place for it)."""
+        spec = self.spec
+        return MlflowClient(spec.tracking_uri, username, password, timeout=spec.timeout,
+                            validate_certs=spec.validate_certs, credentials_option=credentials_option,
+                            ca_path=spec.ca_path, option_prefix="")
 
     def read(self, name: str) -> UserState:
         try:
@@ -137,8 +145,7 @@ class MlflowUserService:
 
     def password_matches(self, name: str, password: str) -> bool:
         """Whether the server accepts ``password`` for ``name`` (a password cannot be read)."""
-        client = MlflowClient(self.spec.tracking_uri, name, password, timeout=self.spec.timeout,
-                              validate_certs=self.spec.validate_certs, credentials_option="password")
+        client = self._client(name, password, "password")
         try:
             return client.call("GET", "users/current")["user"]["username"] == name
         except MlflowError as exc:

@@ -35,10 +35,13 @@ ARTIFACTS_ROUTE = "/api/2.0/mlflow-artifacts/artifacts"
 class MlflowError(KvmError):
     """The tracking server refused or could not be reached."""
 
-    def __init__(self, msg: str, status: Optional[int] = None, error_code: Optional[str] = None) -> None:
+    def __init__(self, msg: str, status: Optional[int] = None, error_code: Optional[str] = None,
+                 certificate: bool = False) -> None:
         super().__init__(msg, mlflow_status=status, mlflow_error_code=error_code)
         self.status = status
         self.error_code = error_code
+        # The server's TLS certificate was refused: fixed by ca_path, not by starting the server.
+        self.certificate = certificate
 
 
 def _now_ms() -> int:
@@ -53,10 +56,14 @@ class MlflowClient:
     def __init__(self, tracking_uri: str, username: Optional[str] = None,
                  password: Optional[str] = None, token: Optional[str] = None,
                  timeout: float = 30, validate_certs: bool = True,
-                 credentials_option: str = "mlflow.credentials") -> None:
+                 credentials_option: str = "mlflow.credentials", ca_path: Optional[str] = None,
+                 option_prefix: str = "mlflow.") -> None:
         self.base = tracking_uri.rstrip("/")
         # Named in the hint of a 401/403: the option whose credentials the server refused.
         self.credentials_option = credentials_option
+        # Prefix of the ca_path and validate_certs options named when a certificate is refused.
+        self.option_prefix = option_prefix
+        self.ca_path = ca_path
         self.timeout = timeout
         self.headers: Dict[str, str] = {}
         if token:
@@ -69,7 +76,8 @@ class MlflowClient:
     @classmethod
     def for_stage(cls, m: Any) -> "MlflowClient":
         """The client for a stage's ``mlflow`` option (a _stage_spec.MlflowSpec)."""
-        return cls(m.tracking_uri, m.username, m.password, m.token, m.timeout, m.validate_certs)
+        return cls(m.tracking_uri, m.username, m.password, m.token, m.timeout, m.validate_certs,
+                   ca_path=m.ca_path)
 
     # -- transport --------------------------------------------------------------------
 
@@ -80,7 +88,8 @@ class MlflowClient:
         try:
             # No ~/.netrc lookup: the only credentials sent are the ones of the mlflow option.
             return open_url(url, data=data, headers=dict(self.headers, **(headers or {})), method=method,
-                            timeout=timeout or self.timeout, validate_certs=self.validate_certs, use_netrc=False)
+                            timeout=timeout or self.timeout, validate_certs=self.validate_certs,
+                            ca_path=self.ca_path, use_netrc=False)
         except urllib.error.HTTPError as exc:
             body = exc.read().decode("utf-8", "replace")
             code = None
@@ -99,7 +108,22 @@ class MlflowClient:
                               status=exc.code, error_code=code)
         except (urllib.error.URLError, OSError, UrlsConnectionError) as exc:
             reason = getattr(exc, "reason", exc)
+            if _certificate_refused(exc, reason):
+                raise MlflowError(self._certificate_message(reason), certificate=True)
             raise MlflowError("MLflow tracking server %s is unreachable (%s)" % (self.base, reason))
+
+    def _certificate_message(self, reason: Any) -> str:
+        """A refused server certificate is no unreachable server: say which option fixes it."""
+        why = getattr(reason, "verify_message", None) or getattr(reason, "reason", None) or reason
+        ca_option, certs_option = self.option_prefix + "ca_path", self.option_prefix + "validate_certs"
+        if self.ca_path:
+            fix = ("%s (%s) is not the CA that signed it, or the certificate does not name this "
+                   "host: set %s to the PEM file of the CA that signed it" % (ca_option, self.ca_path, ca_option))
+        else:
+            fix = ("set %s to the PEM file of the CA that signed it (a private CA is not among the "
+                   "system's CAs)" % ca_option)
+        return ("the TLS certificate of MLflow tracking server %s could not be verified (%s); %s, or "
+                "%s: false for a test server" % (self.base, why, fix, certs_option))
 
     def call(self, method: str, endpoint: str, body: Optional[Dict[str, Any]] = None,
              query: Optional[Dict[str, Any]] = None, version: int = 2) -> Dict[str, Any]:
@@ -260,6 +284,15 @@ class MlflowClient:
                 self.download(root, rel + "/" + name, os.path.join(dest, name))
                 count += 1
         return count
+
+
+def _certificate_refused(exc: BaseException, reason: Any) -> bool:
+    """Whether a failed call is the server's certificate refused (urllib wraps the ssl error
+    in URLError.reason; ansible's urls raises SSLValidationError on some Pythons)."""
+    import ssl
+    from ansible.module_utils.urls import SSLValidationError
+    return isinstance(reason, ssl.SSLCertVerificationError) or isinstance(exc, (ssl.SSLCertVerificationError,
+                                                                                SSLValidationError))
 
 
 def param_value(value: Any) -> str:

@@ -540,10 +540,12 @@ class StageRunner:
         if spec.params_file:
             env["ML_STAGE_PARAMS"] = spec.abspath(spec.params_file)
         if tracker:
-            from ._stage_track import TELEMETRY_OFF
+            from ._stage_track import TELEMETRY_OFF, apply_tls_env
             env.update(tracker.start(key, previous_key, reasons, hasher.algo, git_info.get("commit")))
             for name, value in TELEMETRY_OFF.items():  # the stage's env (or the module's) may say otherwise
                 env.setdefault(name, value)
+            if tracker.run_id:  # an untracked command gets no MLflow URI, so no TLS settings either
+                apply_tls_env(tracker.m, env)
             result["mlflow"] = tracker.summary()
             result["mlflow_run_id"] = tracker.run_id
 

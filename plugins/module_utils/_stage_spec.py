@@ -19,12 +19,17 @@ from ._stage_lock import canonical_json
 from ._stage_metrics import validate_labels
 from ._stage_mps import MPS_ENV, MpsSpec
 from ._stage_sign import MIN_KEY_LENGTH
-from ._validate import object_name
+from ._validate import ca_file, object_name
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SCALARS = (str, int, float, bool)
 RESERVED_ENV = ("ML_STAGE_NAME", "ML_STAGE_KEY", "ML_STAGE_PARAMS")
 MLFLOW_ENV = ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")
+# How the mlflow client in the command verifies the server (requests' ``verify``); MLflow
+# refuses a process that sets both.
+MLFLOW_CERT_ENV = "MLFLOW_TRACKING_SERVER_CERT_PATH"
+MLFLOW_INSECURE_ENV = "MLFLOW_TRACKING_INSECURE_TLS"
+MLFLOW_TLS_ENV = (MLFLOW_CERT_ENV, MLFLOW_INSECURE_ENV)
 
 
 def _norm(path: str) -> str:
@@ -42,7 +47,7 @@ class DepSpec:
 
 
 class MlflowSpec:
-    def __init__(self, raw: Dict[str, Any], stage: str) -> None:
+    def __init__(self, raw: Dict[str, Any], stage: str, chdir: Optional[str] = None) -> None:
         uri = raw.get("tracking_uri")
         if not isinstance(uri, str) or not re.match(r"^https?://[^/]+", uri or ""):
             raise InvalidInputError(
@@ -72,6 +77,9 @@ class MlflowSpec:
         self.upload_outs = self.reuse if upload is None else bool(upload)
         self.timeout = float(raw.get("timeout") or 30)
         self.validate_certs = raw.get("validate_certs") is not False
+        # Checked whatever the URL's scheme: an http:// server that a site later moves to
+        # https must not find a broken ca_path only then.
+        self.ca_path = ca_file("mlflow.ca_path", raw.get("ca_path"), chdir)
         self.signing_key = self._signing_key(raw.get("signing_key"))
         self.reuse_pins = self._pins(raw.get("reuse_pins"))
         if self.reuse and not self.signing_key and not self.reuse_pins:
@@ -210,7 +218,7 @@ class StageSpec:
         if raw_mlflow is not None and not isinstance(raw_mlflow, dict):
             raise InvalidInputError("mlflow", raw_mlflow, "is not a mapping",
                                     "give tracking_uri and optionally experiment, tags, credentials")
-        self.mlflow = MlflowSpec(raw_mlflow, self.name) if raw_mlflow else None
+        self.mlflow = MlflowSpec(raw_mlflow, self.name, self.chdir) if raw_mlflow else None
         if self.mlflow and self.mlflow.reuse:
             self._check_reuse(self.mlflow)
         self.mps = self._mps(p.get("mps"))
@@ -219,6 +227,18 @@ class StageSpec:
             if clash:
                 raise InvalidInputError("env", clash, "are set by ml_stage when mlflow is given",
                                         "drop them from env/secret_env/runtime_env; the module exports them")
+            self._check_tls_env(self.mlflow)
+
+    def _check_tls_env(self, m: MlflowSpec) -> None:
+        """With mlflow.ca_path the module sets the command's TLS variables itself; one set by
+        the task as well would contradict it (MLflow refuses both at once)."""
+        if not (m.ca_path and m.validate_certs):
+            return
+        clash = sorted(k for k in MLFLOW_TLS_ENV if k in self._all_env())
+        if clash:
+            raise InvalidInputError("env", clash, "are set by ml_stage when mlflow.ca_path is given",
+                                    "drop them from env/secret_env/runtime_env; the command gets "
+                                    "MLFLOW_TRACKING_SERVER_CERT_PATH=<mlflow.ca_path>")
 
     def _check_reuse(self, m: MlflowSpec) -> None:
         """Reused outs are trusted by their hashes: those must resist crafted collisions, and

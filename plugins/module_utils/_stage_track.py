@@ -22,7 +22,7 @@ from ._stage_lock import StageFiles
 from ._stage_mlflow import MlflowClient, MlflowError, param_value
 from ._stage_sign import (KEY_ID_TAG, LOCK_ARTIFACT, SIGNATURE_ARTIFACT, UntrustedLock, check_pins,
                           key_id, signature, verify_signature)
-from ._stage_spec import StageSpec, flatten
+from ._stage_spec import MLFLOW_CERT_ENV, MLFLOW_INSECURE_ENV, MLFLOW_TLS_ENV, MlflowSpec, StageSpec, flatten
 
 LOG_ARTIFACT_LIMIT = 10 * 1024 * 1024
 # Given to a tracked command unless its environment already sets them. MLflow 3's client starts
@@ -32,6 +32,22 @@ LOG_ARTIFACT_LIMIT = 10 * 1024 * 1024
 # with "API request to .../runs/get failed with exception '_MLFLOW_TELEMETRY_SESSION_ID'".
 TELEMETRY_OFF = {"MLFLOW_DISABLE_TELEMETRY": "true"}
 TAG_KEY = "mlinfra.stage.key"
+
+
+def apply_tls_env(m: MlflowSpec, env: Dict[str, str]) -> None:
+    """Let the command's mlflow client verify the server as the module does.
+
+    mlflow.ca_path: MLFLOW_TRACKING_SERVER_CERT_PATH (requests' ``verify``); an inherited
+    MLFLOW_TRACKING_INSECURE_TLS is dropped, since MLflow refuses the two together (the task's
+    own env cannot hold either: StageSpec refuses that). validate_certs false:
+    MLFLOW_TRACKING_INSECURE_TLS=true, unless the environment already says how to verify (a
+    task that set MLFLOW_TRACKING_SERVER_CERT_PATH itself before ca_path existed keeps working)."""
+    if not m.validate_certs:
+        if not any(name in env for name in MLFLOW_TLS_ENV):
+            env[MLFLOW_INSECURE_ENV] = "true"
+    elif m.ca_path:
+        env.pop(MLFLOW_INSECURE_ENV, None)
+        env[MLFLOW_CERT_ENV] = m.ca_path
 
 
 def artifact_name(out: str) -> str:
@@ -77,6 +93,8 @@ class StageTracker:
 
     def _untracked(self, exc: MlflowError, what: str) -> None:
         """Optional tracking: warn and carry on without it. Required: fail, not run."""
+        if not self.m.optional and exc.certificate:
+            raise KvmError("option mlflow.ca_path: %s; the command was not run" % exc.msg, **exc.details)
         if not self.m.optional:
             raise KvmError("option %s: %s; the command was not run. Start or fix the server, "
                            "or set mlflow.optional: true to run without tracking" % (what, exc.msg),

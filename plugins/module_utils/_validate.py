@@ -6,6 +6,7 @@ message names the option, the value and the fix, before any side effect."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -82,6 +83,42 @@ def absolute_path(option: str, value: Any) -> str:
     if not isinstance(value, str) or not value.startswith("/") or "\n" in value:
         raise InvalidInputError(option, value, "is not an absolute path", "give a path starting with '/'")
     return value
+
+
+def ca_file(option: str, value: Any, base: Optional[str] = None) -> Optional[str]:
+    """A PEM file of CA certificates to verify a server with (``ca_path`` of the MLflow modules),
+    as an absolute path; None when unset. A relative path is relative to ``base``, and refused
+    without one. The file is loaded once here: a missing, unreadable or non-PEM file would
+    otherwise fail every HTTPS call later, with an error that names no option."""
+    if value is None or value == "":
+        return None
+    fix = ("give the PEM file of the CA that signed the server's certificate, on the host the "
+           "module runs on, or leave %s unset to trust the system's CAs" % option)
+    if not isinstance(value, str) or "\n" in value or "\x00" in value:
+        raise InvalidInputError(option, value, "is not a path", fix)
+    if not os.path.isabs(value) and base is None:
+        raise InvalidInputError(option, value, "is not an absolute path", fix)
+    path = os.path.normpath(os.path.join(base or "/", value))
+    shown = value if path == value else "%s (%s)" % (value, path)
+    if not os.path.exists(path):
+        raise InvalidInputError(option, shown, "does not exist", fix)
+    if not os.path.isfile(path):  # stat only: a FIFO must not be opened (it would block)
+        raise InvalidInputError(option, shown, "is %s, not a regular file"
+                                % ("a directory" if os.path.isdir(path) else "a special file"), fix)
+    if not os.access(path, os.R_OK):
+        raise InvalidInputError(option, shown, "cannot be read by this user (uid %d)" % os.getuid(),
+                                "make it readable (CA certificates are public: mode 0644), or " + fix)
+    _load_ca(option, shown, path, fix)
+    return path
+
+
+def _load_ca(option: str, shown: str, path: str, fix: str) -> None:
+    import ssl  # only modules that take a CA file pay for it
+    try:
+        ssl.create_default_context(cafile=path)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise InvalidInputError(option, shown, "holds no CA certificate that Python's ssl module "
+                                "can load (%s)" % exc, fix)
 
 
 # --------------------------------------------------------------------------- numeric ranges

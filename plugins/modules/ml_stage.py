@@ -301,9 +301,27 @@ options:
         type: float
         default: 30
       validate_certs:
-        description: Verify the server's TLS certificate.
+        description:
+          - Verify the server's TLS certificate.
+          - With V(false) the command also gets C(MLFLOW_TRACKING_INSECURE_TLS=true), unless its
+            environment already sets that variable or C(MLFLOW_TRACKING_SERVER_CERT_PATH).
         type: bool
         default: true
+      ca_path:
+        description:
+          - A PEM file of CA certificates on the target host, e.g. the private CA that signed
+            an C(https://) tracking server's certificate. The server's certificate must chain to
+            one of them; the system's CAs are not used then. Relative to O(chdir).
+          - It must be a readable regular file holding at least one certificate. This is checked
+            before anything is read or run, whatever the URL's scheme. With an C(http://)
+            O(mlflow.tracking_uri) it is not used (a site may switch to https later).
+          - The command gets C(MLFLOW_TRACKING_SERVER_CERT_PATH) set to its absolute path, so
+            the C(mlflow) client in the command trusts the same CA. Setting that variable or
+            C(MLFLOW_TRACKING_INSECURE_TLS) in O(env), O(secret_env) or O(runtime_env) as well
+            is refused. Not part of the cache key.
+          - Ignored when O(mlflow.validate_certs=false).
+        type: path
+        version_added: 0.3.0
   mps:
     description:
       - Run the command as a client of a CUDA MPS (Multi-Process Service) control daemon, so
@@ -414,6 +432,21 @@ EXAMPLES = r'''
 
 - ansible.builtin.debug:
     msg: "{{ train.reasons if train.changed else 'train is up to date' }}"
+
+# The tracking server serves https with a certificate of the site's private CA: the module and
+# the mlflow client in train.py both verify it against that CA.
+- name: Train, tracked in MLflow over TLS
+  mlinfra.kvm.ml_stage:
+    name: train
+    chdir: /srv/ml/project
+    cmd: [/srv/ml/venv/bin/python, train.py]
+    deps: [data/prepared/]
+    outs: [models/model.pt]
+    mlflow:
+      tracking_uri: https://mlflow.lab:5443
+      ca_path: /etc/mlinfra/mlflow-ca.pem
+      experiment: resnet
+      credentials: {username: ml, password: "{{ vault_mlflow_password }}"}
 
 # Any worker of the site reuses the features another one already made (same key), but only
 # from runs whose lock this site signed: the key is a vault secret the workers share, the
@@ -650,6 +683,7 @@ ARGUMENT_SPEC = dict(
         reuse_pins=dict(type="dict"),
         timeout=dict(type="float", default=30),
         validate_certs=dict(type="bool", default=True),
+        ca_path=dict(type="path"),
     )),
     mps=dict(type="dict", options=dict(
         pipe_directory=dict(type="path", required=True),

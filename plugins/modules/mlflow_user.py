@@ -106,6 +106,18 @@ options:
     description: Verify the server's TLS certificate (https URLs).
     type: bool
     default: true
+  ca_path:
+    description:
+      - A PEM file of CA certificates on the host the module runs on, e.g. the private CA that
+        signed an C(https://) tracking server's certificate. The server's certificate must chain
+        to one of them; the system's CAs are not used then. Every call uses it, as the admin and
+        as the user when the password is compared.
+      - An absolute path to a readable regular file holding at least one certificate. This is
+        checked before any call, whatever the URL's scheme. With an C(http://) O(tracking_uri)
+        it is not used (a site may switch to https later).
+      - Ignored when O(validate_certs=false).
+    type: path
+    version_added: 0.3.0
 notes:
   - Needs MLflow 3's auth API (C(/api/3.0/mlflow/users/permissions/*)); MLflow 3.17 was tested.
   - "Runs wherever the tracking server can be reached: on the tracking VM itself, as
@@ -128,6 +140,19 @@ EXAMPLES = r'''
         permission: EDIT
     purge_experiment_permissions: true
   delegate_to: localhost
+  no_log: true
+
+- name: The same user on a tracking server that serves https with a certificate of a private CA
+  mlinfra.kvm.mlflow_user:
+    tracking_uri: https://mlflow.lab:5443
+    ca_path: /etc/mlinfra/mlflow-ca.pem
+    admin_username: admin
+    admin_password: "{{ mlflow_admin_password }}"
+    name: pipeline-nightly
+    password: "{{ lookup('ansible.builtin.password', '.secrets/pipeline-nightly', length=32) }}"
+    experiment_permissions:
+      - experiment: nightly
+        permission: EDIT
   no_log: true
 
 - name: Remove a user that is no longer needed
@@ -204,6 +229,7 @@ def main() -> None:
         purge_experiment_permissions=dict(type="bool", default=False),
         timeout=dict(type="float", default=30),
         validate_certs=dict(type="bool", default=True),
+        ca_path=dict(type="path"),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
                            required_if=[("state", "present", ["password"])])
