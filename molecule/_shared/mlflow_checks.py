@@ -12,12 +12,14 @@ or a traceback (Secrets' repr).
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import stat
 import subprocess
 import sys
 import time
+import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -50,6 +52,11 @@ class Secrets(dict):
         return "<credentials: %s>" % ", ".join(sorted(self))
 
 
+# The server speaks TLS with a certificate from the role's private CA: every call from the
+# controller verifies against that CA (the credentials file names it), set by the url fixture.
+_TLS: Optional[ssl.SSLContext] = None
+
+
 def hostvars(host) -> dict:
     return host.ansible.get_variables()
 
@@ -65,7 +72,7 @@ def request(url: str, creds: Optional[Secrets] = None, method: str = "GET",
         token = base64.b64encode(("%s:%s" % (creds["username"], creds["password"])).encode()).decode()
         req.add_header("Authorization", "Basic " + token)
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (lab address, http by design here)
+        with urllib.request.urlopen(req, timeout=60, context=_TLS) as resp:  # noqa: S310 (https, the role's CA)
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
@@ -99,8 +106,12 @@ class MlflowServerChecks:
         return hostvars(host)["ansible_host"]
 
     @pytest.fixture(scope="class")
-    def url(self, address) -> str:
-        return "http://%s:%d" % (address, PORT)
+    def url(self, address, creds) -> str:
+        """The https URL the role wrote, on the guest's address; calls verify with its CA."""
+        global _TLS
+        assert creds["url"] == "https://%s:%d" % (address, PORT), creds["url"]
+        _TLS = ssl.create_default_context(cafile=creds["ca_file"])
+        return creds["url"]
 
     @pytest.fixture(scope="class")
     def creds_file(self, host) -> Path:
@@ -114,7 +125,8 @@ class MlflowServerChecks:
     @pytest.fixture(scope="class")
     def logged_run(self, url, creds) -> str:
         """A run logged from the controller with the MLflow client; returns its id."""
-        env = dict(os.environ, MLFLOW_TRACKING_USERNAME=creds["username"], MLFLOW_TRACKING_PASSWORD=creds["password"])
+        env = dict(os.environ, MLFLOW_TRACKING_USERNAME=creds["username"], MLFLOW_TRACKING_PASSWORD=creds["password"],
+                   MLFLOW_TRACKING_SERVER_CERT_PATH=creds["ca_file"])
         proc = subprocess.run([sys.executable, "-c", LOG_RUN, url], env=env, capture_output=True, text=True,
                               timeout=600, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -159,6 +171,18 @@ class MlflowServerChecks:
     def test_credentials_file_is_0600_in_a_0700_directory(self, creds_file):
         assert stat.S_IMODE(creds_file.stat().st_mode) == 0o600
         assert stat.S_IMODE(creds_file.parent.stat().st_mode) == 0o700
+
+    def test_tls_only_with_the_role_s_ca(self, host, url, address, creds):
+        """Basic auth never in clear text: plain HTTP gets no answer, the system CAs do not
+        trust the certificate, and the key is readable by the service's group only."""
+        with pytest.raises((OSError, http.client.HTTPException)):
+            urllib.request.urlopen("http://%s:%d/health" % (address, PORT), timeout=30)  # noqa: S310
+        with pytest.raises(urllib.error.URLError) as untrusted:
+            urllib.request.urlopen(url + "/health", timeout=30, context=ssl.create_default_context())  # noqa: S310
+        assert isinstance(untrusted.value.reason, ssl.SSLCertVerificationError)
+        key = host.file("/etc/mlflow-tls/server.key")
+        with host.sudo():
+            assert (key.user, key.group, key.mode) == ("root", "mlflow", 0o640)
 
     def test_auth_refuses_without_or_with_a_wrong_password(self, url, creds):
         assert request(url + SEARCH)[0] == 401

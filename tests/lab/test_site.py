@@ -14,13 +14,18 @@ Wall times go to lab/build/lab-test-timings.json (and the CI log).
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import re
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Dict, List
@@ -80,16 +85,22 @@ def tail(text: str, n: int = 120) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
+def tls_context(creds: Dict[str, str]) -> ssl.SSLContext:
+    """Verification against the CA the credentials file names (the role's private CA)."""
+    return ssl.create_default_context(cafile=creds["ca_file"])
+
+
 class MlflowApi:
     def __init__(self, creds: Dict[str, str]) -> None:
         self.url = creds["url"].rstrip("/")
+        self.context = tls_context(creds)
         token = base64.b64encode(("%s:%s" % (creds["username"], creds["password"])).encode()).decode()
         self.headers = {"Authorization": "Basic " + token, "Content-Type": "application/json"}
 
     def call(self, method: str, path: str, body: Dict = None) -> Dict:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, headers=self.headers, method=method)
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=30, context=self.context) as resp:
             return json.loads(resp.read() or b"{}")
 
     def runs(self, experiment: str) -> List[Dict]:
@@ -202,9 +213,10 @@ def test_site_end_to_end(lab):
     assert "training: world size 2 across 2 worker(s)" in first.stdout
     unauth = urllib.request.Request(creds["url"].rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
     with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(unauth, timeout=30)
+        urllib.request.urlopen(unauth, timeout=30, context=tls_context(creds))
     assert err.value.code == 401
     assert_pipeline_user_edits_its_experiment_only(api)
+    assert_tracking_server_speaks_tls_only(creds)
 
     start = time.monotonic()
     second = playbook("site.yml", *EXTRA, log=logs / "site-2.log")
@@ -243,6 +255,34 @@ def assert_pipeline_user_edits_its_experiment_only(admin: "MlflowApi") -> None:
     with pytest.raises(urllib.error.HTTPError) as denied:   # the Default experiment: READ only
         pipeline.call("POST", "/api/2.0/mlflow/runs/create", {"experiment_id": "0"})
     assert denied.value.code == 403
+
+
+def assert_tracking_server_speaks_tls_only(creds: Dict[str, str]) -> None:
+    """Basic auth never crosses the lab network in clear text: the server answers TLS only, with a
+    certificate for its lab address that chains to the role's CA (and to nothing else), whose key
+    stays on the controller, 0600."""
+    url = urllib.parse.urlsplit(creds["url"])
+    assert url.scheme == "https", creds["url"]
+    ca_dir = Path(creds["ca_file"]).parent
+    assert oct(ca_dir.stat().st_mode & 0o777) == "0o700"
+    assert oct((ca_dir / "ca.key").stat().st_mode & 0o777) == "0o600"
+    assert [oct(k.stat().st_mode & 0o777) for k in ca_dir.glob("mlinfra-tracking-*.key")] == ["0o600"]
+    # The certificate covers the address the workers use, and verifies against the CA alone.
+    with socket.create_connection((url.hostname, url.port), timeout=30) as raw:
+        with tls_context(creds).wrap_socket(raw, server_hostname=url.hostname) as tls:
+            names = [value for kind, value in tls.getpeercert()["subjectAltName"]]
+    assert url.hostname in names, names
+    with pytest.raises(urllib.error.URLError) as untrusted:   # the system CAs do not know it
+        urllib.request.urlopen(creds["url"] + "/health", timeout=30, context=ssl.create_default_context())
+    assert isinstance(untrusted.value.reason, ssl.SSLCertVerificationError), untrusted.value
+    # Plain HTTP on the same port gets no HTTP answer: uvicorn's TLS listener drops it.
+    plain = "http://%s:%d/health" % (url.hostname, url.port)
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        urllib.request.urlopen(plain, timeout=30)
+    # On the tracking VM: the key readable by the service's group only.
+    proc = guest_ssh(guest_address("mlinfra-tracking"), "sudo", "stat", "-c", "%a %U %G",
+                     "/etc/mlflow-tls/server.key")
+    assert proc.returncode == 0 and proc.stdout.split() == ["640", "root", "mlflow"], (proc.stdout, proc.stderr)
 
 
 def rank_report(worker: str, rank: int) -> Dict:

@@ -116,8 +116,9 @@ def test_services_play_runs_what_the_single_purpose_playbooks_run():
     # services.yml splits mlflow_server's readiness off (tasks_from: ready), makes the
     # controller-side bundles in a play of their own (tasks_from: their source's task file), and
     # runs the pipeline's main in parts: code (before MLflow is up) and prepare in the free play,
-    # train in a linear play.
-    extra = {("mlinfra.kvm.mlflow_server", "ready")} | {
+    # train in a linear play; and it makes MLflow's CA in its first, linear play (tasks_from:
+    # tls_ca, which the role's main runs too) so the workers find it whatever the tracking VM's pace.
+    extra = {("mlinfra.kvm.mlflow_server", "ready"), ("mlinfra.kvm.mlflow_server", "tls_ca")} | {
         (role, entry) for role, entry in services if entry.startswith("{{")}
     parts = {("mlinfra.kvm.pipeline", "code"), ("mlinfra.kvm.pipeline", "prepare"),
              ("mlinfra.kvm.pipeline", "train")}

@@ -323,3 +323,80 @@ def test_units_that_ran_before_get_their_handlers_once(tmp_path):
     decisions = _handler_decisions(tmp_path, postinst, ["monitoring prometheus reload", "monitoring alertmanager reload"])
     assert decisions["Reload Prometheus"] and decisions["Reload Alertmanager"]
     assert not decisions["Restart Prometheus (its command line changed)"] and not decisions["Reload systemd units"]
+
+
+def _tls_server(tmp_path: Path):
+    """An HTTPS /health on loopback whose certificate a fresh private CA signed (openssl, the
+    role's own arguments): what the blackbox probe meets on a tracking server with TLS."""
+    import http.server
+    import ssl
+    import threading
+    ca_key, ca, key, cert = (tmp_path / n for n in ("ca.key", "ca.crt", "srv.key", "srv.crt"))
+    base = ["openssl", "req", "-x509", "-config", "/dev/null", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes"]
+    subprocess.run(base + ["-keyout", str(ca_key), "-out", str(ca), "-days", "2", "-subj", "/CN=test CA",
+                           "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign",
+                           "-addext", "subjectKeyIdentifier=hash"], check=True, capture_output=True)
+    subprocess.run(base + ["-keyout", str(key), "-out", str(cert), "-CA", str(ca), "-CAkey", str(ca_key),
+                           "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                           "-addext", "basicConstraints=critical,CA:FALSE"], check=True, capture_output=True)
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, ca
+
+
+@pytest.mark.parametrize("with_ca", [True, False])
+def test_blackbox_probe_trusts_the_mlflow_ca(tmp_path, with_ca):
+    """The rendered blackbox.yml against a real blackbox exporter and an HTTPS server: with
+    monitoring_mlflow_ca_file the probe succeeds; without it the same probe fails on the
+    certificate (so the first case proves the CA is what made it pass)."""
+    import socket
+    import time
+    import urllib.request
+    exporter = shutil.which("prometheus-blackbox-exporter")
+    if not exporter:
+        pytest.skip("prometheus-blackbox-exporter (Debian package) is not installed; `make setup` installs it")
+    server, ca = _tls_server(tmp_path)
+    out = render(tmp_path, "blackbox.yml.j2", {"monitoring_mlflow_ca_file": str(ca) if with_ca else ""})
+    config = yaml.safe_load(out.read_text())
+    if with_ca:   # the exporter reads the role's copy of the CA; here it is pointed at the file itself
+        assert config["modules"]["mlflow_health"]["http"]["tls_config"] == {"ca_file": "/etc/prometheus/mlflow-ca.crt"}
+        config["modules"]["mlflow_health"]["http"]["tls_config"]["ca_file"] = str(ca)
+    else:
+        assert "tls_config" not in config["modules"]["mlflow_health"]["http"]
+    out.write_text(yaml.safe_dump(config))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([exporter, "--config.file", str(out), "--web.listen-address", "127.0.0.1:%d" % port],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url = "http://127.0.0.1:%d/probe?module=mlflow_health&target=https://127.0.0.1:%d/health" % (
+            port, server.server_address[1])
+        deadline, body = time.monotonic() + 60, ""
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as resp:
+                    body = resp.read().decode()
+                break
+            except OSError:
+                time.sleep(0.3)
+        assert "probe_success" in body, body
+        assert ("probe_success 1" in body) is with_ca, body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        server.shutdown()

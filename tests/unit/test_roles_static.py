@@ -122,6 +122,12 @@ def test_argument_specs_refuse_bad_types(tmp_path, role, role_vars, needle):
     ("mlflow_server", {"mlflow_server_version": "latest"}, "mlflow_server_version=latest"),
     ("mlflow_server", {"mlflow_server_bind_address": "tracking.lab"}, "mlflow_server_bind_address=tracking.lab"),
     ("mlflow_server", {"mlflow_server_port": 70000}, "mlflow_server_port=70000"),
+    # Basic auth in clear text over the network, and a SAN list an openssl argument could split.
+    ("mlflow_server", {"mlflow_server_tls": False, "mlflow_server_bind_address": "192.0.2.10"},
+     "would send every client's password in clear text"),
+    ("mlflow_server", {"mlflow_server_tls_names": ["mlflow.lab,IP:10.0.0.1"]}, "no commas or spaces"),
+    ("mlflow_server", {"mlflow_server_tls_renew_days": 900}, "mlflow_server_tls_renew_days (900)"),
+    ("mlflow_server", {"mlflow_server_extra_args": ["--uvicorn-opts", "--ssl-keyfile /x"]}, "--uvicorn-opts"),
 ])
 def test_preflight_refuses_bad_input(tmp_path, role, role_vars, needle):
     proc = run_playbook(play(tmp_path, role, role_vars, gather=role in ("nvidia_driver", "cuda")),
@@ -129,6 +135,18 @@ def test_preflight_refuses_bad_input(tmp_path, role, role_vars, needle):
     assert proc.returncode != 0, proc.stdout
     failed = failures(proc)
     assert failed and needle in failed[0][1], failed
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("role_vars", [
+    {"mlflow_server_tls": False, "mlflow_server_bind_address": "127.0.0.1"},   # loopback: a local proxy
+    {"mlflow_server_tls": False, "mlflow_server_auth": False, "mlflow_server_bind_address": "192.0.2.10"},
+    {"mlflow_server_tls_names": ["mlflow.lab", "10.0.0.1", "*.tracking.lab"]},
+])
+def test_preflight_accepts_plain_http_only_without_a_password_on_the_wire(tmp_path, role_vars):
+    role_vars = dict(role_vars, mlflow_server_credentials_file=str(tmp_path / "creds.json"))
+    proc = run_playbook(play(tmp_path, "mlflow_server", role_vars), "--check", "--tags", "preflight")
+    assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:])
 
 
 @pytest.mark.unit
