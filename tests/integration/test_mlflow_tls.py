@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import secrets
 import sys
-import urllib.error
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator
 
 import pytest
 
 from conftest import four_ways, run_module_process
+from test_mlflow_user import server_user
 
 pytestmark = pytest.mark.integration
 
@@ -54,14 +54,6 @@ def user_args(srv: Any, **over: Any) -> Dict[str, Any]:
                             "admin_password": srv.admin_password, "ca_path": str(srv.ca_path)}
     args.update(over)
     return args
-
-
-def server_user(srv: Any, name: str) -> Optional[Dict[str, Any]]:
-    try:
-        return srv.api("GET", "mlflow/users/get", query={"username": name})["user"]
-    except urllib.error.HTTPError as exc:
-        assert exc.code == 404
-        return None
 
 
 def assert_clean_failure(res: Dict[str, Any]) -> None:

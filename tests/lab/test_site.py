@@ -280,9 +280,10 @@ def assert_tracking_server_speaks_tls_only(creds: Dict[str, str]) -> None:
     with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
         urllib.request.urlopen(plain, timeout=30)
     # On the tracking VM: the key readable by the service's group only.
-    proc = guest_ssh(guest_address("mlinfra-tracking"), "sudo", "stat", "-c", "%a %U %G",
+    # No spaces in the format: ssh hands the remote shell one joined string.
+    proc = guest_ssh(guest_address("mlinfra-tracking"), "sudo", "stat", "-c", "%a:%U:%G",
                      "/etc/mlflow-tls/server.key")
-    assert proc.returncode == 0 and proc.stdout.split() == ["640", "root", "mlflow"], (proc.stdout, proc.stderr)
+    assert proc.returncode == 0 and proc.stdout.strip() == "640:root:mlflow", (proc.stdout, proc.stderr)
 
 
 def rank_report(worker: str, rank: int) -> Dict:

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import COLLECTIONS
 from mlflow_server import make_tls
+from test_mlflow_user_plan import params
 
 sys.path.insert(0, str(COLLECTIONS))
 
@@ -60,13 +61,8 @@ def https(tls: Tuple[Path, Path, Path]) -> Iterator[str]:
 
 
 def user_params(**over: Any) -> Dict[str, Any]:
-    p: Dict[str, Any] = {"tracking_uri": "https://mlflow.lab:5443", "admin_username": "admin",
-                         "admin_password": "admin-password", "name": "pipe", "state": "present",
-                         "password": "twelve-chars-or-more", "update_password": "always",
-                         "is_admin": False, "experiment_permissions": [], "create_experiments": True,
-                         "purge_experiment_permissions": False, "timeout": 30.0, "validate_certs": True}
-    p.update(over)
-    return p
+    """The plan tests' parameters, on an https URL."""
+    return params(**dict({"tracking_uri": "https://mlflow.lab:5443"}, **over))
 
 
 def stage(tmp_path: Path, mlflow: Dict[str, Any], **over: Any) -> StageSpec:
