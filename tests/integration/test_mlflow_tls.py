@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator
 import pytest
 
 from conftest import four_ways, run_module_process
+from test_ml_stage_mlflow import ml, ran
 from test_mlflow_user import server_user
 
 pytestmark = pytest.mark.integration
@@ -114,15 +115,6 @@ def stage_args(srv: Any, proj: Path, mlflow: Dict[str, Any]) -> Dict[str, Any]:
             "secret_env": {"EXPECTED_CA": str(srv.ca_path)}, "mlflow": mlflow}
 
 
-def ml(args: Dict[str, Any], check: bool = False) -> Dict[str, Any]:
-    return run_module_process("ml_stage", args, check=check, timeout=300)
-
-
-def runs_logged(proj: Path) -> int:
-    log = proj / "runs.log"
-    return len(log.read_text().splitlines()) if log.exists() else 0
-
-
 def test_stage_over_tls_with_ca_path(tls_server: Any, tmp_path: Path) -> None:
     srv = tls_server
     # the stage logs as a pipeline user that may edit its experiment only (basic-auth app)
@@ -136,20 +128,20 @@ def test_stage_over_tls_with_ca_path(tls_server: Any, tmp_path: Path) -> None:
 
     predicted = ml(args, check=True)
     assert not predicted["failed"] and predicted["changed"] is True, predicted
-    assert srv.runs("tls-stage-exp") == [] and runs_logged(proj) == 0   # check mode wrote nothing
+    assert srv.runs("tls-stage-exp") == [] and ran(proj) == 0   # check mode wrote nothing
 
     res = ml(args)
     assert not res["failed"] and res["changed"] and res["ran"], res
     run = srv.run(res["mlflow"]["run_id"])   # read back over https, verified with the CA
     assert run["info"]["status"] == "FINISHED"
     assert run["metrics"]["from_tls_script"] == 7.0   # the command's own mlflow client got through
-    assert runs_logged(proj) == 1
+    assert ran(proj) == 1
 
     check_again = ml(args, check=True)
     assert not check_again["failed"] and check_again["changed"] is False, check_again
     again = ml(args)
     assert not again["failed"] and again["changed"] is False and again["reasons"] == [], again
-    assert len(srv.runs("tls-stage-exp")) == 1 and runs_logged(proj) == 1
+    assert len(srv.runs("tls-stage-exp")) == 1 and ran(proj) == 1
 
 
 def test_stage_without_ca_path_fails_before_running(tls_server: Any, tmp_path: Path) -> None:
@@ -162,10 +154,10 @@ def test_stage_without_ca_path_fails_before_running(tls_server: Any, tmp_path: P
     assert res["msg"].startswith("option mlflow.ca_path: the TLS certificate of MLflow tracking server"), res["msg"]
     assert "set mlflow.ca_path to the PEM file of the CA that signed it" in res["msg"]
     assert "mlflow.validate_certs: false" in res["msg"]
-    assert runs_logged(proj) == 0 and srv.experiment("tls-refused") is None
+    assert ran(proj) == 0 and srv.experiment("tls-refused") is None
 
     bad = ml(stage_args(srv, proj, dict(mlflow, ca_path="certs/missing.pem")))
     assert_clean_failure(bad)
     assert bad["msg"].startswith("option mlflow.ca_path: value 'certs/missing.pem (%s)' does not exist"
                                  % (proj / "certs" / "missing.pem")), bad["msg"]
-    assert runs_logged(proj) == 0
+    assert ran(proj) == 0
