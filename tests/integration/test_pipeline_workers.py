@@ -6,7 +6,9 @@ loopback), tracked in a real MLflow server.
 What the lab tier proves across two TCG guests over the lab network, this proves in about two
 minutes: one decision and one key for the job, one MLflow run, identical weights on both ranks,
 disjoint shards; refusals before any process starts (a worker with other params, a busy
-rendezvous port, too many workers, a batch smaller than the world); pipeline_workers=1.
+rendezvous port, too many workers, a batch smaller than the world); pipeline_workers=1; the
+rendezvous port's firewall (an nftables table on this machine while the module runs, removed by
+its teardown) admitting the workers' address and resetting another, four ways off.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import re
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 import yaml
@@ -89,9 +91,43 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
+NFT_TABLE = "mlinfra_rendezvous"  # the pipeline role's (plugins/filter/rendezvous_firewall.py)
+
+
+def nft_table() -> Optional[Dict[str, Any]]:
+    proc = subprocess.run(["nft", "-j", "list", "table", "inet", NFT_TABLE], capture_output=True, text=True, check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def drop_nft_table() -> None:
+    if nft_table() is not None:
+        subprocess.run(["nft", "delete", "table", "inet", NFT_TABLE], capture_output=True, check=True)
+
+
+def probe(port: int, sources: List[str]) -> Dict[str, str]:
+    """Whether a connection to a listener on 127.0.0.1:PORT from each source address got through."""
+    got = {}
+    with socket.socket() as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", port))
+        srv.listen(4)
+        for source in sources:
+            with socket.socket() as cli:
+                cli.settimeout(5)
+                cli.bind((source, 0))
+                try:
+                    cli.connect(("127.0.0.1", port))
+                    got[source] = "connected"
+                except OSError as err:
+                    got[source] = type(err).__name__
+    return got
+
+
 @pytest.fixture(scope="module")
-def lab(torch_python: Path, mlflow_server: Server, tmp_path_factory) -> Lab:  # noqa: F811
-    return Lab(tmp_path_factory.mktemp("pipeline-workers"), torch_python, mlflow_server, "pipeline-workers")
+def lab(torch_python: Path, mlflow_server: Server, tmp_path_factory):  # noqa: F811
+    drop_nft_table()  # a table left by an earlier, killed run would make the first play differ
+    yield Lab(tmp_path_factory.mktemp("pipeline-workers"), torch_python, mlflow_server, "pipeline-workers")
+    drop_nft_table()  # this machine's firewall as it was
 
 
 def test_two_workers_train_one_model_then_agree_to_skip(lab: Lab) -> None:
@@ -121,6 +157,41 @@ def test_two_workers_train_one_model_then_agree_to_skip(lab: Lab) -> None:
         assert train_line(again.stdout) == "skipped" and "no worker due" in again.stdout
         assert all(v["changed"] == 0 for v in recap(again.stdout).values()), again.stdout[-3000:]
     assert len(lab.train_runs()) == 1
+
+
+@pytest.mark.skipif(not Path("/usr/sbin/nft").exists(), reason="needs nft (nftables; make setup installs it)")
+def test_rendezvous_port_admits_the_workers_only_and_turns_off_four_ways(lab: Lab) -> None:
+    # The first test's run left the table on w1 (this machine): the port admits the workers'
+    # address (127.0.0.1) and resets a connection from any other.
+    table = nft_table()
+    assert table is not None, "the two-worker train left no rendezvous firewall"
+    accepted = [e["match"]["right"] for o in table["nftables"] if "rule" in o for e in o["rule"]["expr"]
+                if "match" in e and e["match"]["left"].get("payload", {}).get("field") == "saddr"]
+    assert accepted in (["127.0.0.1"], [{"set": ["127.0.0.1"]}]), accepted
+    assert probe(lab.port, ["127.0.0.1", "127.0.0.2"]) == {"127.0.0.1": "connected", "127.0.0.2": "ConnectionRefusedError"}
+    # Off, four ways: check predicts the removal on w1 only and removes nothing; apply removes it;
+    # then nothing is left to change.
+    off = ("-e", "pipeline_rendezvous_firewall=false")
+    predicted = lab.play(*off, check=True)
+    assert predicted.returncode == 0, predicted.stdout[-4000:]
+    assert {h: v["changed"] for h, v in recap(predicted.stdout).items()} == {"w1": 1, "w2": 0}
+    assert "rendezvous firewall: the table is present and should not be" in predicted.stdout
+    assert nft_table() is not None
+    applied = lab.play(*off)
+    assert applied.returncode == 0 and train_line(applied.stdout) == "skipped", applied.stdout[-4000:]
+    assert {h: v["changed"] for h, v in recap(applied.stdout).items()} == {"w1": 1, "w2": 0}
+    assert nft_table() is None
+    assert probe(lab.port, ["127.0.0.2"]) == {"127.0.0.2": "connected"}
+    for check in (True, False):
+        again = lab.play(*off, check=check)
+        assert again.returncode == 0, again.stdout[-4000:]
+        assert all(v["changed"] == 0 for v in recap(again.stdout).values()), again.stdout[-3000:]
+    # On again (the default): put back in one change on w1, and the job still skips.
+    back = lab.play()
+    assert back.returncode == 0 and train_line(back.stdout) == "skipped", back.stdout[-4000:]
+    assert {h: v["changed"] for h, v in recap(back.stdout).items()} == {"w1": 1, "w2": 0}
+    assert "rendezvous firewall: table inet mlinfra_rendezvous is missing" in back.stdout
+    assert probe(lab.port, ["127.0.0.2"]) == {"127.0.0.2": "ConnectionRefusedError"}
 
 
 def test_changed_lr_reruns_both_workers(lab: Lab) -> None:

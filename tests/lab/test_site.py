@@ -217,6 +217,7 @@ def test_site_end_to_end(lab):
     assert err.value.code == 401
     assert_pipeline_user_edits_its_experiment_only(api)
     assert_tracking_server_speaks_tls_only(creds)
+    assert_rendezvous_port_admits_the_workers_only()
 
     start = time.monotonic()
     second = playbook("site.yml", *EXTRA, log=logs / "site-2.log")
@@ -284,6 +285,33 @@ def assert_tracking_server_speaks_tls_only(creds: Dict[str, str]) -> None:
     proc = guest_ssh(guest_address("mlinfra-tracking"), "sudo", "stat", "-c", "%a:%U:%G",
                      "/etc/mlflow-tls/server.key")
     assert proc.returncode == 0 and proc.stdout.strip() == "640:root:mlflow", (proc.stdout, proc.stderr)
+
+
+def assert_rendezvous_port_admits_the_workers_only() -> None:
+    """The first worker's nftables table admits the rendezvous port (the role's default, 29400)
+    from the two workers' lab addresses; this host (on the lab network, not a worker) is reset,
+    and the reject rule's counter shows it was the table that refused it, not a missing listener."""
+    first = guest_address(WORKERS[0])
+
+    def table() -> Dict:
+        proc = guest_ssh(first, "sudo", "nft", "-j", "list", "table", "inet", "mlinfra_rendezvous")
+        assert proc.returncode == 0, "no rendezvous firewall on %s: %s" % (WORKERS[0], proc.stderr)
+        return json.loads(proc.stdout)
+
+    def rules(doc: Dict) -> List[Dict]:
+        return [o["rule"] for o in doc["nftables"] if "rule" in o]
+
+    def refused(doc: Dict) -> int:
+        return sum(e["counter"]["packets"] for r in rules(doc) for e in r["expr"] if "counter" in e)
+
+    before = table()
+    admitted = [e["match"]["right"] for r in rules(before) for e in r["expr"]
+                if "match" in e and e["match"]["left"].get("payload", {}).get("field") == "saddr"]
+    assert len(admitted) == 1 and sorted(admitted[0]["set"]) == sorted(guest_address(w) for w in WORKERS), admitted
+    with socket.socket() as sock:
+        sock.settimeout(20)
+        assert sock.connect_ex((first, 29400)) != 0, "the rendezvous port took a connection from a non-worker"
+    assert refused(table()) > refused(before), "the table did not refuse this host's connection"
 
 
 def rank_report(worker: str, rank: int) -> Dict:

@@ -6,6 +6,7 @@ Prints one JSON object:
   python, torch      versions (importlib.metadata, without importing torch: seconds under emulation)
   gpus               NVIDIA GPUs the driver exposes (/dev/nvidiaN), the processes per node
   interface          the network interface that holds ADDRESS (null when none does)
+  address            ADDRESS itself (the first worker's rendezvous firewall admits these)
   port_free          with --port: whether a TCP listener can bind the port on every address
   port_holder        when it cannot: what `ss` says listens there (empty when ss is missing)
 """
@@ -85,7 +86,8 @@ def main() -> None:
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
     facts: Dict[str, Any] = {"python": platform.python_version(), "torch": torch_version(),
-                             "gpus": gpu_count(), "interface": interface_of(args.address)}
+                             "gpus": gpu_count(), "interface": interface_of(args.address),
+                             "address": args.address}
     if args.port is not None:
         facts.update(port_state(args.port))
     print(json.dumps(facts, sort_keys=True))
