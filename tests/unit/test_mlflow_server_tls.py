@@ -4,7 +4,9 @@ The role's controller-side tasks (tasks_from tls_ca, then tls_cert) run against 
 temporary directory; what the server and its clients rely on is then checked with Python's ssl
 module and openssl itself: the chain verifies strictly, the names are covered, the keys are
 0600 in a 0700 directory, a second run changes nothing, and a certificate is issued again when its
-names change or its end nears. The guest side (files, uvicorn's TLS listener) is proven on the lab.
+names change or its end nears. The CA is renewed when it can no longer cover a whole server
+certificate, and replaced when its key is gone (a compromised CA's path); the certificates follow
+it, four ways. The guest side (files, uvicorn's TLS listener) is proven on the lab.
 """
 from __future__ import annotations
 
@@ -97,3 +99,58 @@ def test_a_certificate_near_its_end_is_issued_again(tmp_path):
     assert apply(tmp_path, window)["changed"] >= 1
     assert cert.read_bytes() != serial
     assert apply(tmp_path, window)["changed"] == 0
+
+
+def fingerprint(cert: Path) -> str:
+    out = subprocess.run(["openssl", "x509", "-noout", "-fingerprint", "-sha256", "-in", str(cert)],
+                         capture_output=True, text=True, check=True).stdout
+    return out.strip().split("=", 1)[1].replace(":", "").lower()
+
+
+def verifies(cert: Path, ca: Path) -> bool:
+    return subprocess.run(["openssl", "verify", "-x509_strict", "-CAfile", str(ca), str(cert)],
+                          capture_output=True, check=False).returncode == 0
+
+
+def snapshot(ca_dir: Path) -> Dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(ca_dir.iterdir())}
+
+
+def assert_replaced_four_ways(tmp_path: Path, extra_vars: Dict, old_ca: bytes, old_fp: str) -> None:
+    """Check predicts a change and writes nothing; apply makes a new CA whose certificate is the
+    one the server's now verifies against; the old CA is kept as retired and trusts nothing new;
+    then check and apply again change nothing."""
+    ca_dir = tmp_path / "ca"
+    [cert] = certs(tmp_path)
+    before = snapshot(ca_dir)
+    assert apply(tmp_path, extra_vars, "--check")["changed"] >= 2   # the CA and the certificate
+    assert snapshot(ca_dir) == before, "check mode changes no file"
+    assert apply(tmp_path, extra_vars)["changed"] >= 2
+    ca = ca_dir / "ca.crt"
+    assert ca.read_bytes() != old_ca and fingerprint(ca) != old_fp
+    assert (ca_dir / ("ca-retired-%s.crt" % old_fp)).read_bytes() == old_ca
+    assert oct((ca_dir / "ca.key").stat().st_mode & 0o777) == "0o600"
+    assert verifies(cert, ca) and not verifies(cert, ca_dir / ("ca-retired-%s.crt" % old_fp))
+    assert cert.read_bytes() != before[cert.name]
+    assert apply(tmp_path, extra_vars, "--check")["changed"] == 0
+    assert apply(tmp_path, extra_vars)["changed"] == 0
+
+
+def test_a_ca_that_cannot_cover_a_certificate_is_renewed_and_the_certificate_follows(tmp_path):
+    # A CA with 30 days and a 20-day certificate: fresh, nothing to renew.
+    short = {"mlflow_server_tls_ca_days": 30, "mlflow_server_tls_days": 20, "mlflow_server_tls_renew_days": 5}
+    apply(tmp_path, short)
+    assert apply(tmp_path, short)["changed"] == 0
+    ca = tmp_path / "ca" / "ca.crt"
+    old_ca, old_fp = ca.read_bytes(), fingerprint(ca)
+    # Certificates now last 40 days: the CA's 30 cannot cover one. The certificate itself has 20
+    # days left, outside its 5-day window: only the CA's renewal reissues it.
+    assert_replaced_four_ways(tmp_path, {"mlflow_server_tls_days": 40, "mlflow_server_tls_renew_days": 5}, old_ca, old_fp)
+
+
+def test_a_ca_whose_key_is_gone_is_replaced_and_the_certificate_follows(tmp_path):
+    apply(tmp_path, {})
+    ca_dir = tmp_path / "ca"
+    old_ca, old_fp = (ca_dir / "ca.crt").read_bytes(), fingerprint(ca_dir / "ca.crt")
+    (ca_dir / "ca.key").unlink()   # what an operator does with a compromised CA key
+    assert_replaced_four_ways(tmp_path, {}, old_ca, old_fp)

@@ -127,6 +127,8 @@ def test_argument_specs_refuse_bad_types(tmp_path, role, role_vars, needle):
      "would send every client's password in clear text"),
     ("mlflow_server", {"mlflow_server_tls_names": ["mlflow.lab,IP:10.0.0.1"]}, "no commas or spaces"),
     ("mlflow_server", {"mlflow_server_tls_renew_days": 900}, "mlflow_server_tls_renew_days (900)"),
+    # A CA that lasts no longer than a server certificate would be renewed on every run.
+    ("mlflow_server", {"mlflow_server_tls_ca_days": 825}, "below mlflow_server_tls_ca_days (825: the CA is renewed"),
     ("mlflow_server", {"mlflow_server_extra_args": ["--uvicorn-opts", "--ssl-keyfile /x"]}, "--uvicorn-opts"),
 ])
 def test_preflight_refuses_bad_input(tmp_path, role, role_vars, needle):
