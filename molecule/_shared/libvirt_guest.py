@@ -8,7 +8,8 @@ and removed by `destroy`, which is safe to run twice and after a half-finished `
   libvirt_guest.py destroy --state DIR
 
 `create` prints one JSON object per guest: the instance_config entry Molecule wants
-(instance, address, user, port, identity_file) plus known_hosts.
+(instance, address, user, port, identity_file) plus known_hosts: STATE_DIR/known_hosts, the
+scenario's file the pinned SSH options name (host_keys.py), holding this guest's key.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "vm"))
 sys.path.insert(0, str(ROOT / "collections"))
 import harness  # noqa: E402
+import host_keys  # noqa: E402  (molecule/_shared/, this script's directory)
 
 PREFIX = "mlkvmmol-"  # not mlkvmtest-: other pytest sessions sweep those at their end
 URI = "qemu:///system"
@@ -80,9 +82,7 @@ def create(ns: argparse.Namespace) -> None:
     mac = harness.random_mac()
     subnet = harness.pick_subnet(conn)
     ip = str(list(subnet.hosts())[9])
-    known_hosts = keydir / "known_hosts"
-    known_hosts.write_text("%s %s\n" % (ip, " ".join(host_public.split()[:2])))
-    os.chmod(known_hosts, 0o600)
+    known_hosts = host_keys.pin(state_dir, ip, host_public)
 
     net = conn.networkDefineXML(harness.network_xml(net_name, subnet, {mac: ip}, ns.nat))
     state["networks"].append(net_name)
@@ -118,6 +118,7 @@ def create(ns: argparse.Namespace) -> None:
 
 def destroy(ns: argparse.Namespace) -> None:
     state_file = Path(ns.state) / "state.json"
+    host_keys.forget(Path(ns.state))
     if not state_file.exists():
         return
     import libvirt

@@ -3,8 +3,9 @@
 The NVIDIA DKMS build under TCG takes far too long; in a container it runs at native speed
 (lab-facts). The container is the guest image's root file system (lab/build/base.qcow2,
 imported once per image stamp), run with host networking and sshd on a free port on
-127.0.0.1, with a host key generated here and pinned in known_hosts (never
-StrictHostKeyChecking=no). Ansible reaches it over SSH like a VM, so the roles run unchanged.
+127.0.0.1, with a host key generated here and pinned in the scenario's known_hosts
+(host_keys.py; never StrictHostKeyChecking=no). Ansible reaches it over SSH like a VM, so
+the roles run unchanged.
 
 Podman on Debian 12 needs runc and a containers.conf with ulimits (root lacks
 CAP_SYS_RESOURCE here; crun refuses the hybrid cgroup layout): both are written to the state
@@ -29,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "vm"))
 import harness  # noqa: E402
+import host_keys  # noqa: E402  (molecule/_shared/, this script's directory)
 
 PREFIX = "mlkvmmol-"
 CONTAINERS_CONF = """[containers]
@@ -92,8 +94,7 @@ def create(ns: argparse.Namespace) -> None:
     host_public = harness.make_keypair(host_key, "root@%s" % ns.name)
     (keydir / "authorized_keys").write_text(public + "\n")
     port = free_port()
-    known_hosts = keydir / "known_hosts"
-    known_hosts.write_text("[127.0.0.1]:%d %s\n" % (port, " ".join(host_public.split()[:2])))
+    known_hosts = host_keys.pin(state_dir, "[127.0.0.1]:%d" % port, host_public)
     name = "%s%s-%s" % (PREFIX, ns.name, uuid.uuid4().hex[:6])
     state["containers"].append(name)
     state_file.write_text(json.dumps(state))
@@ -123,6 +124,7 @@ def create(ns: argparse.Namespace) -> None:
 def destroy(ns: argparse.Namespace) -> None:
     state_dir = Path(ns.state)
     state_file = state_dir / "state.json"
+    host_keys.forget(state_dir)
     if not state_file.exists():
         return
     for name in json.loads(state_file.read_text()).get("containers", []):

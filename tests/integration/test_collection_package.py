@@ -46,7 +46,7 @@ def test_tarball_holds_the_collection_and_nothing_private(installed):
     # tooling and changelog fragments are not the collection.
     assert not [n for n in names if n.split("/")[0] in (
         "tests", "bench", "molecule", "lab", "scripts", ".ci", ".cache", "Makefile", "ansible.cfg",
-        "pytest.ini", "requirements.txt", ".ansible-lint")
+        "pytest.ini", "requirements.txt", ".ansible-lint", ".config")
         or n.startswith(("inventories/lab", "changelogs/fragments", "playbooks/lab_image.yml"))]
 
 
