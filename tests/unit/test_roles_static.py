@@ -129,6 +129,11 @@ def test_argument_specs_refuse_bad_types(tmp_path, role, role_vars, needle):
     ("mlflow_server", {"mlflow_server_tls_renew_days": 900}, "mlflow_server_tls_renew_days (900)"),
     # A CA that lasts no longer than a server certificate would be renewed on every run.
     ("mlflow_server", {"mlflow_server_tls_ca_days": 825}, "below mlflow_server_tls_ca_days (825: the CA is renewed"),
+    # A CA renewed with as many days left as it lasts would be renewed on every run.
+    ("mlflow_server", {"mlflow_server_tls_ca_renew_days": 3650},
+     "mlflow_server_tls_ca_renew_days (3650) must be a whole number of days below mlflow_server_tls_ca_days (3650)"),
+    ("mlflow_server", {"mlflow_server_tls_ca_days": 1000, "mlflow_server_tls_ca_renew_days": 1200},
+     "mlflow_server_tls_ca_renew_days (1200) must be a whole number of days below mlflow_server_tls_ca_days (1000)"),
     ("mlflow_server", {"mlflow_server_extra_args": ["--uvicorn-opts", "--ssl-keyfile /x"]}, "--uvicorn-opts"),
 ])
 def test_preflight_refuses_bad_input(tmp_path, role, role_vars, needle):
