@@ -3,51 +3,25 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The host's PCI devices as the domain module needs them for its hostdev checks.
 
-Two sources with one interface:
+Two sources with one interface, both returning ``_pci``'s :class:`PciDevice` records, which
+``_pci.group_blockers`` (the one viability rule, shared with pci_info and vfio_pci) judges:
 
-* :class:`SysfsPci` reads ``<sysfs_root>/bus/pci/devices`` and
-  ``<sysfs_root>/kernel/iommu_groups`` on the machine the module runs on. ``sysfs_root`` is
-  the test seam: tests point it at a synthetic tree.
+* :class:`SysfsPci` reads ``<sysfs_root>`` through ``_pci``'s :class:`PciScanner` (the reader
+  pci_info and vfio_pci use) on the machine the module runs on. ``sysfs_root`` is the test
+  seam: tests point it at a synthetic tree.
 * :class:`NodeDevPci` asks libvirt's node device API, so the checks also work when libvirt
   runs on another host (a remote URI), where the local /sys says nothing.
-
-Both return :class:`PciDevice` records; the checks in the domain service use only those.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Optional
 
 from ._domain_spec import pci_string
 from ._errors import KvmError
 from ._libvirt import call
+from ._pci import PciDevice, PciScanner
+from ._sysfs import Roots, list_dir
 from ._xml import parse
-
-VFIO_DRIVER = "vfio-pci"
-PCI_BRIDGE_CLASS_PREFIX = "0x0604"
-
-
-class PciDevice:
-    def __init__(self, address: str, vendor: str, device: str, pci_class: str,
-                 driver: Optional[str], iommu_group: Optional[int]) -> None:
-        self.address = address
-        self.vendor = vendor.lower()
-        self.device = device.lower()
-        self.pci_class = pci_class.lower()
-        self.driver = driver
-        self.iommu_group = iommu_group
-
-    @property
-    def slot(self) -> str:
-        return self.address.rsplit(".", 1)[0]
-
-    @property
-    def is_bridge(self) -> bool:
-        return self.pci_class.startswith(PCI_BRIDGE_CLASS_PREFIX)
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {"address": self.address, "vendor": self.vendor, "device": self.device,
-                "class": self.pci_class, "driver": self.driver, "iommu_group": self.iommu_group}
 
 
 class SysfsPci:
@@ -55,47 +29,18 @@ class SysfsPci:
 
     def __init__(self, sysfs_root: str = "/sys") -> None:
         self.root = sysfs_root
+        self.scanner = PciScanner(Roots(sysfs_root=sysfs_root))
         self._cache: Optional[Dict[str, PciDevice]] = None
-
-    def _read(self, *parts: str) -> Optional[str]:
-        try:
-            with open(os.path.join(self.root, *parts)) as handle:
-                return handle.read().strip()
-        except OSError:
-            return None
-
-    def _link_name(self, *parts: str) -> Optional[str]:
-        path = os.path.join(self.root, *parts)
-        if not os.path.islink(path):
-            return None
-        return os.path.basename(os.readlink(path))
 
     def devices(self) -> Dict[str, PciDevice]:
         if self._cache is None:
-            base = os.path.join(self.root, "bus", "pci", "devices")
-            found: Dict[str, PciDevice] = {}
-            try:
-                names = sorted(os.listdir(base))
-            except OSError:
-                names = []
-            for name in names:
-                group = self._link_name("bus", "pci", "devices", name, "iommu_group")
-                found[name.lower()] = PciDevice(
-                    name.lower(),
-                    (self._read("bus", "pci", "devices", name, "vendor") or "0x0000").replace("0x", ""),
-                    (self._read("bus", "pci", "devices", name, "device") or "0x0000").replace("0x", ""),
-                    self._read("bus", "pci", "devices", name, "class") or "0x000000",
-                    self._link_name("bus", "pci", "devices", name, "driver"),
-                    int(group) if group is not None and group.isdigit() else None)
-            self._cache = found
+            self._cache = self.scanner.records()
         return self._cache
 
     def group_members(self, group: int) -> List[str]:
-        path = os.path.join(self.root, "kernel", "iommu_groups", str(group), "devices")
-        try:
-            return sorted(n.lower() for n in os.listdir(path))
-        except OSError:
-            return sorted(a for a, d in self.devices().items() if d.iommu_group == group)
+        found = list_dir(self.scanner.roots.sys("kernel", "iommu_groups", str(group), "devices"))
+        return sorted(n.lower() for n in found) or sorted(
+            a for a, d in self.devices().items() if d.iommu_group == group)
 
     def describe(self) -> str:
         return "sysfs under %s" % self.root
@@ -130,8 +75,7 @@ class NodeDevPci:
                                    int(a.get("slot"), 16), int(a.get("function"), 16))
                         for a in group_el.findall("address"))
                 found[address] = PciDevice(
-                    address, (cap.find("vendor").get("id") or "0").replace("0x", ""),
-                    (cap.find("product").get("id") or "0").replace("0x", ""),
+                    address, cap.find("vendor").get("id") or "0000", cap.find("product").get("id") or "0000",
                     cap.findtext("class", "0x000000"), root.findtext("driver/name"), group)
             self._cache = found
         return self._cache

@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
-from ._domain_pci import VFIO_DRIVER
 from ._domain_spec import (
     DEFAULT_OVMF_CODE, DEFAULT_OVMF_VARS, assign_targets, derived_mac, hostdev_addresses,
     is_xml_name, read_cpu, read_max_memory, read_max_vcpus, read_memory, read_vcpus)
 from ._errors import ConflictError, InvalidInputError
+from ._pci import group_blockers
 from ._validate import (
     CPU_INDEX_MAX, VCPUS_MAX, absolute_path, cpuset, int_range, mac_address, memory_kib_range,
     object_name, pci_address, plain_texts, size_bytes)
@@ -491,8 +491,9 @@ class DomainRequest:
         self._check_passthrough(self.new_hostdevs)
 
     def _check_passthrough(self, addresses: List[str]) -> None:
-        """Refuse hostdevs that QEMU could not take: a group not wholly on vfio-pci fails at
-        start with 'group N is not viable'; a device of a running domain cannot be shared."""
+        """Refuse hostdevs that QEMU could not take: a group with a device on a host driver fails
+        at start with 'group N is not viable' (``_pci.group_blockers``, the rule pci_info reports
+        too); a device of a running domain cannot be shared."""
         if not addresses:
             return
         pci = self.service.pci()
@@ -503,17 +504,15 @@ class DomainRequest:
                 raise InvalidInputError(
                     "hostdevs", address, "has no IOMMU group on the host",
                     "enable the IOMMU (intel_iommu=on / amd_iommu=on, see mlinfra.kvm host roles) and reboot")
-            for member in pci.group_members(dev.iommu_group):
-                other = devices.get(member)
-                if other is None or other.is_bridge:
-                    continue  # bridges stay on pcieport; vfio accepts them in a viable group
-                if other.driver != VFIO_DRIVER:
-                    raise InvalidInputError(
-                        "hostdevs", address,
-                        "is in IOMMU group %d, which is not wholly bound to vfio-pci (%s uses %s)"
-                        % (dev.iommu_group, member, other.driver or "no driver"),
-                        "bind every device of the group to vfio-pci (mlinfra.kvm.vfio_pci) and pass "
-                        "them all (include_functions: true for the other functions of the slot)")
+            members = [devices[m] for m in pci.group_members(dev.iommu_group) if m in devices]
+            blockers = group_blockers(members)
+            if blockers:
+                raise InvalidInputError(
+                    "hostdevs", address,
+                    "is in IOMMU group %d, which is not wholly bound to vfio-pci (%s)"
+                    % (dev.iommu_group, ", ".join("%s uses %s" % (b.address, b.driver) for b in blockers)),
+                    "bind every device of the group to vfio-pci (mlinfra.kvm.vfio_pci) and pass "
+                    "them all (include_functions: true for the other functions of the slot)")
         own_uuid = self.existing.findtext("uuid") if self.existing is not None else None
         in_use = self.service.hostdevs_in_use(own_uuid)
         for address in addresses:

@@ -12,8 +12,12 @@ Decisions worth knowing:
 * IOMMU "enabled" means the kernel made IOMMU groups (``/sys/kernel/iommu_groups/*``).
   That is what vfio needs; the command line flags are reported besides, because a kernel
   can turn the IOMMU on by default (Debian) or have it disabled in firmware despite them.
-* Passthrough viability follows the kernel's vfio rule: every *endpoint* of the group must be
-  bound to vfio-pci (or pci-stub) or to no driver; bridges (class 0x06) are ignored.
+* Passthrough viability follows the kernel's vfio rule (``vfio_dev_driver_allowed``): every
+  device of the group must be bound to vfio-pci or pci-stub, or to no driver, except PCI-to-PCI
+  bridges (a bridge header, classes 0x0604, 0x0607, 0x0609), which may keep pcieport.
+  :func:`group_blockers` is that rule, and the only copy of it: ``pci_info``, ``vfio_pci`` and
+  the ``domain`` module's hostdev check all call it, on :class:`PciDevice` records from sysfs
+  (:meth:`PciScanner.records`) or from libvirt's node devices (``_domain_pci``).
 * "In use" is measured, not guessed (:mod:`._host_usage`): an open device node of the device
   (``/dev/dri/card0``, ``/dev/snd/...``, ``/dev/nvidiaN``) held by a process, a network
   interface that carries routes or addresses (or is up), or a block device anywhere below the
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from ._host_usage import PCI_ADDRESS_RE, HostUsage, Use
 from ._sysfs import Roots, cmdline_args, cpu_vendor, is_virtual_machine, link_name, list_dir, read_attr, read_file
@@ -31,6 +35,10 @@ from ._sysfs import Roots, cmdline_args, cpu_vendor, is_virtual_machine, link_na
 VENDOR_DEVICE_RE = re.compile(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{4})$")
 
 VFIO_DRIVERS = ("vfio-pci", "pci-stub")
+# Classes whose devices have a bridge header (PCI-to-PCI, CardBus, semi-transparent): the kernel
+# lets them keep their driver (pcieport) in a group given to vfio. Host and ISA bridges (0x0600,
+# 0x0601) have an ordinary header and count like any endpoint.
+INTERCONNECT_CLASSES = ("0604", "0607", "0609")
 # Vendors whose display devices count as GPUs in the report (any class-0x03 device does too).
 VENDORS = {"10de": "NVIDIA", "1002": "AMD", "8086": "Intel", "1234": "QEMU", "1af4": "Red Hat (virtio)",
            "1b36": "Red Hat (QEMU)", "15b3": "Mellanox", "1a03": "ASPEED"}
@@ -64,6 +72,49 @@ def hex_id(value: Optional[str], width: int = 4) -> Optional[str]:
 def slot_of(address: str) -> str:
     """``0000:01:00.1`` -> ``0000:01:00`` (the functions of one slot share it)."""
     return address.rsplit(".", 1)[0]
+
+
+def is_interconnect(class_code: str) -> bool:
+    """Whether a device of this class (``060400`` or ``0x060400``) has a bridge header."""
+    return (hex_id(class_code, 6) or "")[:4] in INTERCONNECT_CLASSES
+
+
+class PciDevice:
+    """One PCI function as the passthrough rules see it, whichever source read it."""
+
+    def __init__(self, address: str, vendor: str, device: str, class_code: str,
+                 driver: Optional[str], iommu_group: Optional[int]) -> None:
+        self.address = address.lower()
+        self.vendor = hex_id(vendor) or "0000"
+        self.device = hex_id(device) or "0000"
+        self.class_code = hex_id(class_code, 6) or "000000"
+        self.driver = driver or None
+        self.iommu_group = iommu_group
+
+    @property
+    def slot(self) -> str:
+        return slot_of(self.address)
+
+    @property
+    def is_interconnect(self) -> bool:
+        return is_interconnect(self.class_code)
+
+    @property
+    def blocks_vfio(self) -> bool:
+        """Whether this device, as bound now, keeps its IOMMU group from being given to vfio."""
+        return not self.is_interconnect and self.driver is not None and self.driver not in VFIO_DRIVERS
+
+    @classmethod
+    def from_info(cls, info: Dict[str, Any]) -> "PciDevice":
+        """From :meth:`PciScanner.device`'s report."""
+        group = info.get("iommu_group")
+        return cls(info["address"], info["vendor_id"] or "0000", info["device_id"] or "0000", info["class"],
+                   info["driver"], int(group) if group is not None and str(group).isdigit() else None)
+
+
+def group_blockers(members: Iterable[PciDevice]) -> List[PciDevice]:
+    """The members that make a group unusable for vfio (the kernel's viability rule), in order."""
+    return [member for member in members if member.blocks_vfio]
 
 
 class PciScanner:
@@ -139,6 +190,10 @@ class PciScanner:
         for address, info in found.items():
             info["functions"] = sorted(a for a in found if a != address and slot_of(a) == info["slot"])
         return found
+
+    def records(self) -> Dict[str, PciDevice]:
+        """Every device as a :class:`PciDevice` (what the passthrough rules take)."""
+        return {address: PciDevice.from_info(self.device(address)) for address in self.addresses()}
 
     def find_by_id(self, vendor: str, device: str) -> List[str]:
         want = (vendor.lower(), device.lower())
@@ -239,15 +294,12 @@ class PciScanner:
             reasons.append("%s has no IOMMU group (no iommu_group link in sysfs)" % address)
         else:
             members = self.group_members(address)
-        blockers = []
-        for member in members or [address]:
-            info = devices.get(member) or self.device(member)
-            if info["is_bridge"]:
-                continue
-            driver = info["driver"]
-            if driver and driver not in VFIO_DRIVERS:
-                blockers.append(member)
-                reasons.append("%s (%s) is bound to driver %s, not vfio-pci" % (member, info["id"], driver))
+        infos = [devices.get(member) or self.device(member) for member in members or [address]]
+        blockers = [device.address for device in group_blockers(PciDevice.from_info(info) for info in infos)]
+        for info in infos:
+            if info["address"] in blockers:
+                reasons.append("%s (%s) is bound to driver %s, not vfio-pci" % (info["address"], info["id"],
+                                                                                info["driver"]))
         return {
             "possible": not reasons,
             "reasons": reasons,

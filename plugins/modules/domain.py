@@ -26,7 +26,7 @@ description:
     characters (C(0x00)-C(0x1f), C(0x7f)): they could not go into the XML. Bad input fails with the
     option, the value and the allowed range, before anything changes."
   - Before any change, hostdevs are checked on the host - the device exists, its whole IOMMU group
-    is bound to vfio-pci, and no other running domain uses it. Networks, pools and volumes are checked
+    is viable for vfio (the rule M(mlinfra.kvm.pci_info) reports), and no other running domain uses it. Networks, pools and volumes are checked
     to exist. A refused request changes nothing.
 options:
   name:
@@ -273,7 +273,9 @@ options:
       - PCI devices passed through with VFIO, by address or by selector (vendor and device ids and
         an index among the matching devices, in address order). Compared as a set.
       - New hostdevs are checked before anything changes - the device exists, every device of its
-        IOMMU group (PCI bridges aside) is bound to vfio-pci, and no other running domain uses it.
+        IOMMU group is bound to vfio-pci or pci-stub or to no driver (PCI-to-PCI bridges may keep
+        pcieport; the kernel's vfio rule, which M(mlinfra.kvm.pci_info) reports too), and no other
+        running domain uses it.
       - The host's devices are read from O(sysfs_root) when libvirt is local, and through libvirt's
         node device API for remote URIs.
     type: list

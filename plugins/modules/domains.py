@@ -353,7 +353,9 @@ options:
         - PCI devices passed through with VFIO, by address or by selector (vendor and device ids and an index
           among the matching devices, in address order). Compared as a set.
         - New hostdevs are checked before anything changes - the device exists, every device of its IOMMU
-          group (PCI bridges aside) is bound to vfio-pci, and no other running domain uses it.
+          group is bound to vfio-pci or pci-stub or to no driver (PCI-to-PCI bridges may keep pcieport; the
+          kernel's vfio rule, which M(mlinfra.kvm.pci_info) reports too), and no other running domain uses
+          it.
         - The host's devices are read from O(config[].sysfs_root) when libvirt is local, and through libvirt's
           node device API for remote URIs.
         type: list

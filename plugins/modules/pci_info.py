@@ -13,8 +13,9 @@ description:
     ids, class, driver, NUMA node, boot VGA flag, IOMMU group and sibling functions.
   - Singles out GPUs (every display/3D controller, class 0x03) and tells for each whether it
     can be handed to a VM right now, and if not, why. Passthrough is possible when the IOMMU
-    is enabled and every endpoint of the GPU's IOMMU group is bound to vfio-pci (or pci-stub)
-    or to no driver; bridges in the group are ignored, as the kernel's vfio does.
+    is enabled and every device of the GPU's IOMMU group is bound to vfio-pci (or pci-stub)
+    or to no driver; PCI-to-PCI bridges (classes 0x0604, 0x0607, 0x0609) may keep their driver, as
+    the kernel's vfio allows. M(mlinfra.kvm.domain) checks new hostdevs by the same rule.
   - Reports the IOMMU state, enabled (the kernel made IOMMU groups) or not and why, the
     groups and their members, the IOMMU flags on the kernel command line and the flag this
     CPU needs.

@@ -202,7 +202,8 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import Differenc
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host_usage import Use
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import VENDOR_DEVICE_RE, VFIO_DRIVERS, PciScanner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import (
+    VENDOR_DEVICE_RE, VFIO_DRIVERS, PciScanner, is_interconnect)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import (
     ROOTS_ARGSPEC, Roots, read_file, remove_file, write_attr, write_file_atomic)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name, pci_address
@@ -338,7 +339,10 @@ class VfioRunner:
     def check_groups(self, addresses: List[str], devices: Dict[str, Dict[str, Any]]) -> None:
         for address in addresses:
             members = self.scanner.group_members(address)
-            missing = [m for m in members if m not in addresses and not devices.get(m, {}).get("is_bridge")]
+            # The group goes to vfio whole: every member but a bridge-header device (which keeps
+            # pcieport, as the kernel allows; _pci.is_interconnect) must be in the request.
+            missing = [m for m in members
+                       if m not in addresses and not is_interconnect(devices.get(m, {}).get("class", ""))]
             if missing:
                 raise ConflictError(
                     "%s is in IOMMU group %s with %s, which the request leaves out: vfio can only give a whole "
