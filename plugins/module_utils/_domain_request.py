@@ -22,11 +22,11 @@ from ._domain_spec import (
     is_xml_name, read_cpu, read_max_memory, read_max_vcpus, read_memory, read_vcpus)
 from ._errors import ConflictError, InvalidInputError
 from ._pci import group_blockers
+from ._pci_select import parse_selector
 from ._validate import (
     CPU_INDEX_MAX, VCPUS_MAX, absolute_path, cpuset, int_range, mac_address, memory_kib_range,
-    object_name, pci_address, plain_texts, size_bytes)
+    object_name, plain_texts, size_bytes)
 
-_HEX4_RE = re.compile(r"^(?:0x)?([0-9a-fA-F]{4})$")
 _BARE_NUMBER_RE = re.compile(r"^\s*\d+\s*$")
 
 # Every free-text option that ends up in the domain XML: a control character in any of them
@@ -78,14 +78,6 @@ def hugepage_kib(option: str, value: Any) -> int:
                                 "give a power of two from 4K to 16G, such as 2M or 1G (see "
                                 "/sys/kernel/mm/hugepages for this host's sizes)")
     return kib
-
-
-def _hex4(option: str, value: Any) -> str:
-    match = _HEX4_RE.match(str(value).strip()) if value is not None else None
-    if not match:
-        raise InvalidInputError(option, value, "is not a 4-digit PCI id",
-                                "write hex digits as lspci -nn shows them, e.g. 10de")
-    return match.group(1).lower()
 
 
 class DomainRequest:
@@ -441,49 +433,23 @@ class DomainRequest:
         if items is None:
             return
         # Parse every entry before looking at the host: a malformed address is bad input
-        # whatever the host holds.
+        # whatever the host holds. One entry is one device (and, with include_functions, its
+        # slot's other functions): a selector without an index takes the first match.
         parsed = []
         for index, item in enumerate(items):
-            option = "hostdevs[%d]" % index
-            if bool(item.get("address")) == bool(item.get("vendor") or item.get("device")):
-                raise InvalidInputError(option, item, "needs either address or vendor + device",
-                                        "give address: 0000:01:00.0, or vendor and device ids (and index)")
-            if item.get("address"):
-                parsed.append((option, item, pci_address(option + ".address", item["address"]), None))
-            else:
-                if not (item.get("vendor") and item.get("device")):
-                    raise InvalidInputError(option, item, "needs both vendor and device",
-                                            "give both ids, e.g. vendor: 10de, device: 2204")
-                selector = (_hex4(option + ".vendor", item["vendor"]), _hex4(option + ".device", item["device"]))
-                int_range(option + ".index", item.get("index") or 0, 0, 65535,
-                          "counted from 0 among the matching devices")
-                parsed.append((option, item, None, selector))
+            selector = parse_selector("hostdevs[%d]" % index, item)
+            if selector.index is None and selector.address is None:
+                selector.index = 0
+            parsed.append((selector, bool(item.get("managed", True))))
         if not parsed:  # no passthrough: the host's PCI devices are not read at all
             self.desired["hostdevs"] = []
             return
         pci = self.service.pci()
         devices = pci.devices()
         wanted: Dict[str, bool] = {}
-        for option, item, address, selector in parsed:
-            if selector is not None:
-                matches = sorted(a for a, dev in devices.items()
-                                 if (dev.vendor, dev.device) == selector)
-                index = item.get("index") or 0
-                if index >= len(matches):
-                    raise InvalidInputError(
-                        option, "%s:%s index %d" % (selector[0], selector[1], index),
-                        "matches no PCI device in %s (%d with these ids)" % (pci.describe(), len(matches)),
-                        "check the ids with lspci -nn and the index (counted from 0 in address order)")
-                address = matches[index]
-            elif address not in devices:
-                raise InvalidInputError(option + ".address", item["address"],
-                                        "is not a PCI device in %s" % pci.describe(),
-                                        "list the host's devices with lspci -D (or mlinfra.kvm.pci_info)")
-            group = [address]
-            if item.get("include_functions"):
-                group = sorted(a for a, dev in devices.items() if dev.slot == devices[address].slot)
-            for addr in group:
-                wanted.setdefault(addr, bool(item.get("managed", True)))
+        for selector, managed in parsed:
+            for addr in selector.resolve(devices, "in " + pci.describe()):
+                wanted.setdefault(addr, managed)
         self.desired["hostdevs"] = sorted(({"address": a, "managed": m} for a, m in wanted.items()),
                                           key=lambda h: h["address"])
         already = {h["address"] for h in hostdev_addresses(self.existing)} if self.existing is not None else set()

@@ -32,8 +32,6 @@ from typing import Any, Dict, Iterable, List, Optional
 from ._host_usage import PCI_ADDRESS_RE, HostUsage, Use
 from ._sysfs import Roots, cmdline_args, cpu_vendor, is_virtual_machine, link_name, list_dir, read_attr, read_file
 
-VENDOR_DEVICE_RE = re.compile(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{4})$")
-
 VFIO_DRIVERS = ("vfio-pci", "pci-stub")
 # Classes whose devices have a bridge header (PCI-to-PCI, CardBus, semi-transparent): the kernel
 # lets them keep their driver (pcieport) in a group given to vfio. Host and ISA bridges (0x0600,

@@ -352,6 +352,8 @@ options:
         description:
         - PCI devices passed through with VFIO, by address or by selector (vendor and device ids and an index
           among the matching devices, in address order). Compared as a set.
+        - The selector grammar of M(mlinfra.kvm.vfio_pci)'s O(mlinfra.kvm.vfio_pci#module:devices); M(mlinfra.kvm.pci_info)
+          reports each GPU's C(selector), which can be copied here.
         - New hostdevs are checked before anything changes - the device exists, every device of its IOMMU
           group is bound to vfio-pci or pci-stub or to no driver (PCI-to-PCI bridges may keep pcieport; the
           kernel's vfio rule, which M(mlinfra.kvm.pci_info) reports too), and no other running domain uses

@@ -97,7 +97,12 @@ devices:
       driver: nvidia
       iommu_group: null
 gpus:
-  description: The GPUs, each with C(passthrough) (possible, reasons, iommu_group, group_members, blocking_devices) and C(in_use).
+  description:
+    - The GPUs, each with C(passthrough) (possible, reasons, iommu_group, group_members, blocking_devices) and C(in_use).
+    - Each also has C(selector), the GPU as C({vendor, device, index, include_functions}) in the selector grammar of
+      M(mlinfra.kvm.vfio_pci)'s O(mlinfra.kvm.vfio_pci#module:devices), M(mlinfra.kvm.domain)'s
+      O(mlinfra.kvm.domain#module:hostdevs) and the P(mlinfra.kvm.gpu_hostdev#filter) filter (V(index) counts among the
+      devices with the same ids, in address order).
   returned: always
   type: list
   elements: dict
@@ -105,6 +110,7 @@ gpus:
     - address: "0000:00:06.0"
       id: "10de:2335"
       driver: nvidia
+      selector: {vendor: "10de", device: "2335", index: 0, include_functions: true}
       passthrough:
         possible: false
         reasons:
@@ -136,7 +142,8 @@ from typing import Any, Dict, List
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import PciScanner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import PciDevice, PciScanner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._pci_select import index_among_twins
 from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import Roots, list_dir
 
 
@@ -148,11 +155,16 @@ class PciInfoRunner:
     def run(self) -> Dict[str, Any]:
         devices = self.scanner.devices()
         iommu = self.scanner.iommu()
+        records = {address: PciDevice.from_info(info) for address, info in devices.items()}
         gpus: List[Dict[str, Any]] = []
         for address, info in devices.items():
             if not info["is_gpu"]:
                 continue
             gpu = dict(info)
+            # The same GPU in the selector grammar of vfio_pci, domain and gpu_hostdev: it stays
+            # right when addresses change (another slot, a firmware update renumbering buses).
+            gpu["selector"] = {"vendor": info["vendor_id"], "device": info["device_id"],
+                               "index": index_among_twins(address, records), "include_functions": True}
             gpu["passthrough"] = self.scanner.passthrough(address, devices, iommu)
             if self.module.params["check_usage"]:
                 gpu["in_use"] = self.scanner.usage(address)

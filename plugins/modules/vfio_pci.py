@@ -45,10 +45,15 @@ description:
 options:
   devices:
     description:
-      - Devices, each a PCI address (C(0000:01:00.0) or C(01:00.0)) or C(vendor:device)
-        ids (C(10de:2335), every device with these ids).
+      - Devices, each a PCI address (C(0000:01:00.0) or C(01:00.0)), C(vendor:device) ids
+        (C(10de:2335), every device with these ids), or a dict, C({address}) or
+        C({vendor, device, index}) (V(index) counts from 0 among the devices with these ids, in
+        address order; without it, every such device), either with V(include_functions=true)
+        for the slot's other functions (a GPU's HDMI audio).
+      - The grammar M(mlinfra.kvm.domain)'s O(mlinfra.kvm.domain#module:hostdevs), the
+        P(mlinfra.kvm.gpu_hostdev#filter) filter and M(mlinfra.kvm.pci_info)'s C(selector) share.
     type: list
-    elements: str
+    elements: raw
     required: true
   state:
     description: C(present) binds to vfio-pci, C(absent) hands back to the host driver.
@@ -144,6 +149,11 @@ EXAMPLES = r'''
   mlinfra.kvm.vfio_pci:
     devices: ["10de:2335"]
 
+- name: The second H200 (address order) with its slot's other functions
+  mlinfra.kvm.vfio_pci:
+    devices:
+      - {vendor: "10de", device: "2335", index: 1, include_functions: true}
+
 - name: Write only the boot configuration; the IOMMU comes on with the next reboot
   mlinfra.kvm.vfio_pci:
     devices: ["10de:2335"]
@@ -202,11 +212,11 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import Differenc
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host_usage import Use
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import (
-    VENDOR_DEVICE_RE, VFIO_DRIVERS, PciScanner, is_interconnect)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import VFIO_DRIVERS, PciScanner, is_interconnect
+from ansible_collections.mlinfra.kvm.plugins.module_utils._pci_select import parse_selector
 from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import (
     ROOTS_ARGSPEC, Roots, read_file, remove_file, write_attr, write_file_atomic)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name, pci_address
+from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
 
 VFIO = "vfio-pci"
 PENDING_NOTE = ("# Written by mlinfra.kvm.vfio_pci: the vfio-pci boot configuration changed and `%s` has not "
@@ -291,23 +301,12 @@ class VfioRunner:
         if not self.params["devices"]:
             raise InvalidInputError("devices", self.params["devices"], "is empty",
                                     "list PCI addresses (0000:01:00.0) or vendor:device ids (10de:2335)")
+        selectors = [parse_selector("devices[%d]" % n, entry) for n, entry in enumerate(self.params["devices"])]
+        records = self.scanner.records()
+        where = "of this host (in %s)" % self.scanner.roots.sys("bus", "pci", "devices")
         addresses: List[str] = []
-        for entry in self.params["devices"]:
-            text = str(entry).strip()
-            match = VENDOR_DEVICE_RE.match(text)
-            if match:
-                found = self.scanner.find_by_id(match.group(1), match.group(2))
-                if not found:
-                    raise InvalidInputError("devices", entry, "matches no PCI device of this host",
-                                            "check the ids with mlinfra.kvm.pci_info")
-            else:
-                address = pci_address("devices", text)
-                if not self.scanner.exists(address):
-                    raise InvalidInputError("devices", entry, "is not a PCI device of this host (no %s)"
-                                            % self.scanner.device_dir(address),
-                                            "list the devices with mlinfra.kvm.pci_info")
-                found = [address]
-            addresses.extend(a for a in found if a not in addresses)
+        for selector in selectors:
+            addresses.extend(a for a in selector.resolve(records, where) if a not in addresses)
         return sorted(addresses)
 
     def validate(self) -> None:
@@ -609,7 +608,7 @@ class VfioRunner:
 
 def main() -> None:
     argument_spec: Dict[str, Any] = dict(
-        devices=dict(type="list", elements="str", required=True),
+        devices=dict(type="list", elements="raw", required=True),
         state=dict(type="str", default="present", choices=["present", "absent"]),
         force=dict(type="bool", default=False),
         bind_now=dict(type="bool", default=True),
