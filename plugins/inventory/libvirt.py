@@ -85,9 +85,10 @@ except ImportError:  # pragma: no cover - depends on the controller
     libvirt = None  # type: ignore
     HAS_LIBVIRT = False
 
+from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_read import (
+    first_ipv4, interfaces_with_addresses, read_sizes)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import lease_map, state_name, state_reason
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import (
-    read_interfaces, read_max_memory, read_memory, read_metadata, read_vcpus)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import read_metadata
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._xml import parse
 _GROUP_RE = re.compile(r"[^A-Za-z0-9_]")
@@ -161,17 +162,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     @staticmethod
     def describe(uri: str, dom: Any, root: Any, state: str, leases: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
-        interfaces = []
-        address = None
-        for iface in read_interfaces(root):
-            ips = [lease["address"] for lease in leases.get(iface["mac"] or "", []) if lease["type"] == "ipv4"]
-            interfaces.append(dict(iface, ip_addresses=ips))
-            if address is None and ips:
-                address = ips[0]
-        return {"name": dom.name(), "uuid": dom.UUIDString(), "uri": uri, "state": state,
-                "vcpus": read_vcpus(root), "memory_mib": (read_memory(root) or 0) // 1024,
-                "max_memory_mib": (read_max_memory(root) or 0) // 1024,
-                "interfaces": interfaces, "address": address, "metadata": read_metadata(root)}
+        interfaces = interfaces_with_addresses(root, leases)
+        # Host variables keep their documented shape: each interface's IPv4 lease addresses as strings.
+        plain = [dict(iface, ip_addresses=[ip["address"] for ip in iface["ip_addresses"] if ip["type"] == "ipv4"])
+                 for iface in interfaces]
+        return {"name": dom.name(), "uuid": dom.UUIDString(), "uri": uri, "state": state, **read_sizes(root),
+                "interfaces": plain, "address": first_ipv4(interfaces), "metadata": read_metadata(root)}
 
     # ------------------------------------------------------------------ inventory
     def populate(self, hosts: List[Dict[str, Any]]) -> None:

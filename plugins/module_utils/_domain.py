@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 from ansible.module_utils.basic import AnsibleModule
 
 from ._diff import DifferenceTracker
+from ._domain_read import ACTIVE_STATES, sizes
 from ._domain_request import DomainRequest
 from ._domain_service import DomainService, state_name, unexpected_reason
 from ._domain_spec import (
@@ -27,7 +28,6 @@ from ._resource_list import ResourceKind, read_listed
 from ._validate import object_name
 from ._xml import parse, to_string
 
-ACTIVE_STATES = ("running", "paused", "blocked", "pmsuspended")
 # Fields a running domain can take live (and in its config at once).
 LIVE_FIELDS = ("vcpus", "memory_kib", "hostdevs", "disks", "metadata", "description")
 SUMMARY_FIELDS = ("virt_type", "machine", "vcpus", "max_vcpus", "memory_kib", "max_memory_kib",
@@ -322,10 +322,7 @@ class DomainRunner:
             autostart = self.after.get("autostart", self.service.autostart(dom))
         return {
             "name": name, "uuid": uuid, "state": state, "autostart": autostart,
-            "virt_type": values["virt_type"], "machine": values["machine"],
-            "vcpus": values["vcpus"], "max_vcpus": values["max_vcpus"],
-            "memory_mib": (values["memory_kib"] or 0) // 1024,
-            "max_memory_mib": (values["max_memory_kib"] or 0) // 1024,
+            "virt_type": values["virt_type"], "machine": values["machine"], **sizes(values),
             "interfaces": values["interfaces"], "disks": values["disks"], "cdroms": values["cdroms"],
             "hostdevs": values["hostdevs"], "metadata": values["metadata"],
             "ip_addresses": self.ip_addresses,

@@ -105,15 +105,14 @@ from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_read import (
+    ACTIVE_STATES, interfaces_with_addresses, read_sizes)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import DomainService, lease_map
 from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import (
-    hostdev_addresses, read_cdroms, read_disks, read_interfaces, read_max_memory, read_max_vcpus,
-    read_memory, read_metadata, read_vcpus)
+    hostdev_addresses, read_cdroms, read_disks, read_metadata)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
-
-ACTIVE = ("running", "paused", "blocked", "pmsuspended")
 
 
 class DomainInfoRunner:
@@ -144,20 +143,14 @@ class DomainInfoRunner:
 
     def describe(self, dom: Any, raw: Dict[str, Any], leases: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
         state, reason = self.service.state_and_reason(dom)
-        active = state in ACTIVE
+        active = state in ACTIVE_STATES
         # The live XML when running (hot-plugged devices, live vCPUs), the persistent otherwise.
         root = self.service.live_root(dom) if active else self.service.inactive_root(dom)
-        agent = {}
+        agent: Dict[str, List[Dict[str, Any]]] = {}
         if active and self.params["guest_agent"]:
             for addr in self.service.agent_addresses(dom, root):
-                agent.setdefault(addr["mac"], []).append(
-                    {k: addr[k] for k in ("address", "prefix", "type", "source")})
-        interfaces = []
-        for iface in read_interfaces(root):
-            ips = [{k: lease[k] for k in ("address", "prefix", "type", "source")}
-                   for lease in leases.get(iface["mac"] or "", [])]
-            ips += [a for a in agent.get(iface["mac"] or "", []) if a["address"] not in {i["address"] for i in ips}]
-            interfaces.append(dict(iface, ip_addresses=ips))
+                agent.setdefault(addr["mac"], []).append(addr)
+        interfaces = interfaces_with_addresses(root, leases, agent)
         disks = [dict(d, device="disk") for d in read_disks(root)] + \
                 [dict(d, device="cdrom") for d in read_cdroms(root)]
         persistent = bool(call("reading %s" % dom.name(), dom.isPersistent))
@@ -165,9 +158,7 @@ class DomainInfoRunner:
             "name": dom.name(), "uuid": dom.UUIDString(), "state": state, "state_reason": reason,
             "persistent": persistent,
             "autostart": self.service.autostart(dom) if persistent else False,
-            "vcpus": read_vcpus(root), "max_vcpus": read_max_vcpus(root),
-            "memory_mib": (read_memory(root) or 0) // 1024,
-            "max_memory_mib": (read_max_memory(root) or 0) // 1024,
+            **read_sizes(root),
             "interfaces": interfaces, "disks": disks, "hostdevs": hostdev_addresses(root),
             "metadata": read_metadata(root),
             "stats": self.stats(raw) if active and self.params["stats"] else {},

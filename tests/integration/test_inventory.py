@@ -125,3 +125,28 @@ def test_cache(env, tmp_path):
     assert sorted(inventory(tmp_path, config)["_meta"]["hostvars"]) == [p + "first"]
     # ...until the cache is flushed.
     assert sorted(inventory(tmp_path, config, "--flush-cache")["_meta"]["hostvars"]) == [p + "first", p + "second"]
+
+
+def test_domain_domain_info_and_the_inventory_report_one_read_model(env, tmp_path, run_module):
+    """_domain_read is the one read model: the sizes and the leased address that domain's result,
+    domain_info and the inventory's host variables report for one domain are the same values."""
+    p = env["prefix"]
+    made = env["define"]("same", {"role": "worker"})
+    mac = made["interfaces"][0]["mac"]
+    write_lease(env["bridge"], mac, "192.168.253.31")
+    info = run_module("domain_info", {"name": p + "same", "uri": "qemu:///system"})
+    assert not info["failed"], info
+    described = info["domains"][0]
+    again = run_module("domain", {"name": p + "same", "uri": "qemu:///system", "state": "present"}, check=True)
+    assert not again["failed"] and not again["changed"], again
+    hostvars = inventory(tmp_path, {"name_filter": "^" + p})["_meta"]["hostvars"][p + "same"]
+
+    sizes = ("vcpus", "max_vcpus", "memory_mib", "max_memory_mib")
+    assert {k: made[k] for k in sizes} == {k: described[k] for k in sizes} == {k: again["domain"][k] for k in sizes}
+    assert (described["vcpus"], described["memory_mib"]) == (1, 128)
+    assert (hostvars["libvirt_vcpus"], hostvars["libvirt_memory_mib"]) == (described["vcpus"], described["memory_mib"])
+    leased = described["interfaces"][0]["ip_addresses"]
+    assert leased == [{"address": "192.168.253.31", "prefix": 24, "type": "ipv4", "source": "lease"}], leased
+    assert hostvars["libvirt_interfaces"][0]["ip_addresses"] == ["192.168.253.31"]
+    assert hostvars["ansible_host"] == "192.168.253.31"
+    assert hostvars["libvirt_interfaces"][0]["mac"] == described["interfaces"][0]["mac"] == mac
