@@ -212,8 +212,8 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import Differenc
 from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host_usage import Use
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import VFIO_DRIVERS, PciScanner, is_interconnect
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci_select import parse_selector
+from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import VFIO_DRIVERS, PciDevice, PciScanner, is_interconnect
+from ansible_collections.mlinfra.kvm.plugins.module_utils._pci_select import PciSelector, parse_selector
 from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import (
     ROOTS_ARGSPEC, Roots, read_file, remove_file, write_attr, write_file_atomic)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
@@ -296,13 +296,16 @@ class VfioRunner:
         self.tracker = DifferenceTracker()
 
     # -- request --------------------------------------------------------------------------
-    def resolve(self) -> List[str]:
-        """Addresses of the request; malformed entries and unknown devices are refused."""
+    def parse_request(self) -> List[PciSelector]:
+        """The request's entries, parsed before the host is read: malformed input is refused as such."""
         if not self.params["devices"]:
             raise InvalidInputError("devices", self.params["devices"], "is empty",
                                     "list PCI addresses (0000:01:00.0) or vendor:device ids (10de:2335)")
-        selectors = [parse_selector("devices[%d]" % n, entry) for n, entry in enumerate(self.params["devices"])]
-        records = self.scanner.records()
+        return [parse_selector("devices[%d]" % n, entry) for n, entry in enumerate(self.params["devices"])]
+
+    def resolve(self, selectors: List[PciSelector], devices: Dict[str, Dict[str, Any]]) -> List[str]:
+        """Addresses of the request among the devices read once by run(); unknown ones are refused."""
+        records = {address: PciDevice.from_info(info) for address, info in devices.items()}
         where = "of this host (in %s)" % self.scanner.roots.sys("bus", "pci", "devices")
         addresses: List[str] = []
         for selector in selectors:
@@ -462,8 +465,9 @@ class VfioRunner:
     # -- run ------------------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
         self.validate()
-        addresses = self.resolve()
+        selectors = self.parse_request()
         devices = self.scanner.devices()
+        addresses = self.resolve(selectors, devices)
         iommu = self.scanner.iommu()
         present = self.params["state"] == "present"
         if present:
