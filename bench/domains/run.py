@@ -108,8 +108,8 @@ def define_for_inventory(conn, net, subnet, count: int) -> None:
     """Define ``count`` domains straight through libvirt (the module's own XML builder, so they
     carry the same metadata and interfaces) and give each a DHCP lease in dnsmasq's status file,
     which is what libvirt's DHCP leases call reads."""
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import build_new, derived_mac
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._xml import to_string
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_spec import build_new, derived_mac
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import to_string
     hosts = list(subnet.hosts())[9:]
     leases = []
     for i in range(count):

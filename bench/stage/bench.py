@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COLLECTIONS = ROOT / "collections"
 sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _stage_hash as H  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _stage_hash as H  # noqa: E402
 
 GiB = 1 << 30
 MODULE = "ansible_collections.mlinfra.kvm.plugins.modules.ml_stage"

@@ -30,7 +30,7 @@ BUILD_DIR="${MLKVM_IMAGE_BUILD_DIR:-$ROOT/lab/build}"
 SUITE=bookworm
 # The Debian mirror: MLKVM_DEBIAN_MIRROR, else the one this machine's apt already uses for the
 # suite (no registry host is written into the repository), read by the collection's own parser.
-MIRROR="${MLKVM_DEBIAN_MIRROR:-$(python3 "$ROOT/plugins/module_utils/_apt_sources.py" "$SUITE")}"
+MIRROR="${MLKVM_DEBIAN_MIRROR:-$(python3 "$ROOT/plugins/module_utils/_host/_apt_sources.py" "$SUITE")}"
 DISK_SIZE="${MLKVM_IMAGE_DISK_SIZE:-3G}"
 
 EXTRA_PACKAGES=""

@@ -6,7 +6,7 @@
 Roles that add components (contrib, non-free) take the mirror from the host rather than
 naming a registry host of their own. Input: the ``results`` of an ``ansible.builtin.slurp``
 loop over the host's apt source files, in the order apt reads them. The parsing is
-module_utils/_apt_sources.py, which the image build uses too.
+module_utils/_host/_apt_sources.py, which the image build uses too.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Tuple
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._apt_sources import mirror_for
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._apt_sources import mirror_for
 
 
 def _slurped(files: List[Dict[str, Any]]) -> List[Tuple[str, str]]:

@@ -3,15 +3,15 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Turn the GPU entries of an inventory into hostdev options of mlinfra.kvm.domain, with the
 GPU's other functions (its HDMI audio). An entry is written in the collection's one PCI
-selector grammar (module_utils/_pci_select), which vfio_pci and domain parse too."""
+selector grammar (module_utils/_host/_pci_select), which vfio_pci and domain parse too."""
 from __future__ import annotations
 
 from typing import Any, Dict
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci_select import FORMS, parse_selector
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci_select import FORMS, parse_selector
 
 
 def gpu_hostdev(gpu: Any, include_functions: bool = True) -> Dict[str, Any]:

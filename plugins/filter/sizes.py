@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import size_bytes
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import size_bytes
 
 MIB = 1024 * 1024
 

@@ -85,12 +85,12 @@ except ImportError:  # pragma: no cover - depends on the controller
     libvirt = None  # type: ignore
     HAS_LIBVIRT = False
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_read import (
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_read import (
     first_ipv4, interfaces_with_addresses, read_sizes)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import lease_map, state_name, state_reason
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import read_metadata
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._xml import parse
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_service import lease_map, state_name, state_reason
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_spec import read_metadata
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import parse
 _GROUP_RE = re.compile(r"[^A-Za-z0-9_]")
 
 

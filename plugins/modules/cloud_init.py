@@ -152,10 +152,10 @@ from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _cloudinit as C
-from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _cloudinit as C
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError, KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
 
 SEED_MODE = 0o600
 

@@ -157,9 +157,9 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._atomic_file import write_bytes_atomic
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._atomic_file import write_bytes_atomic
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
 
 DIRECTORY_SPEC = dict(
     path=dict(type="path", required=True),

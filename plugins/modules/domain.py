@@ -355,8 +355,9 @@ extends_documentation_fragment:
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
 notes:
-  - Changes that need a restart on a running domain - machine, firmware, maxima, CPU, pinning, NUMA,
-    hugepages, interfaces, console, rng, agent, balloon, cdroms, non-virtio disks.
+  - Changes that need a restart on a running domain - virt type, machine, architecture, maximum memory,
+    maximum vCPUs, CPU, pinning, NUMA, hugepages, firmware, boot order, hypervisor hiding, cdroms,
+    interfaces, console, rng, agent, balloon; and disk changes other than adding or removing virtio disks.
   - A domain found in a state nobody asked for - shut off because its QEMU process ended without a
     shutdown (V(crashed)), crashed, paused on a disk I/O error or by its watchdog - is reported
     with a warning naming the reason and libvirt's log of the domain, also when O(state) puts it
@@ -462,10 +463,10 @@ xml:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain import argument_spec, run_domain
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import Connection
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain import argument_spec, run_domain
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import is_local
 
 
 def main() -> None:

@@ -105,14 +105,14 @@ from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_read import (
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_read import (
     ACTIVE_STATES, interfaces_with_addresses, read_sizes)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import DomainService, lease_map
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import (
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_service import DomainService, lease_map
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_spec import (
     hostdev_addresses, read_cdroms, read_disks, read_metadata)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
 
 
 class DomainInfoRunner:

@@ -44,19 +44,12 @@ options:
     description: Fail (after the write) when the kernel granted fewer pages than asked, instead of warning.
     type: bool
     default: false
-  sysfs_root:
-    description: Where sysfs is mounted.
-    type: path
-    default: /sys
-  proc_root:
-    description: Where procfs is mounted (C(meminfo)).
-    type: path
-    default: /proc
-  etc_root:
-    description: Where C(/etc) is (sysctl.d).
-    type: path
-    default: /etc
+extends_documentation_fragment:
+  - mlinfra.kvm.host.sysfs_root
+  - mlinfra.kvm.host.proc_root
+  - mlinfra.kvm.host.etc_root
 notes:
+  - Reads C(meminfo) below O(proc_root) and writes C(sysctl.d) below O(etc_root).
   - Supports check mode and diff mode.
   - Pages are reserved system-wide (the kernel spreads them over NUMA nodes).
 seealso:
@@ -127,12 +120,13 @@ from typing import Any, Dict, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import (
-    ROOTS_ARGSPEC, Roots, list_dir, meminfo_kib, read_attr, read_file, remove_file, write_attr, write_file_atomic)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import (
+    Roots, list_dir, meminfo_kib, read_attr, read_file, remove_file, roots_argspec, write_attr,
+    write_file_atomic)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
 
 SIZES_KIB = {"2M": 2048, "1G": 1048576}
 HEADER = "# Managed by mlinfra.kvm.hugepages; edits are overwritten.\n"
@@ -287,7 +281,7 @@ def main() -> None:
         max_memory_percent=dict(type="int", default=90),
         strict=dict(type="bool", default=False),
     )
-    argument_spec.update(ROOTS_ARGSPEC)
+    argument_spec.update(roots_argspec("sysfs_root", "proc_root", "etc_root"))
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
 
     def runner() -> Dict[str, Any]:

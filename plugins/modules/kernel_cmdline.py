@@ -65,15 +65,12 @@ options:
     type: list
     elements: str
     default: [grubby]
-  etc_root:
-    description: Where C(/etc) is.
-    type: path
-    default: /etc
-  proc_root:
-    description: Where procfs is (C(cmdline), C(cpuinfo)).
-    type: path
-    default: /proc
+extends_documentation_fragment:
+  - mlinfra.kvm.host.etc_root
+  - mlinfra.kvm.host.proc_root
 notes:
+  - Reads C(cmdline) and C(cpuinfo) below O(proc_root), C(os-release) below O(etc_root), and writes
+    C(default/grub.d) below O(etc_root).
   - Supports check mode and diff mode.
   - The new arguments take effect at the next boot; C(reboot_required) says whether one is
     needed. The role P(mlinfra.kvm.hypervisor#role) orchestrates that reboot.
@@ -149,13 +146,13 @@ from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _grub as grub
-from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import (
-    Roots, cmdline_args, cpu_vendor, read_file, remove_file, write_file_atomic)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host import _grub as grub
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import (
+    Roots, cmdline_args, cpu_vendor, read_file, remove_file, roots_argspec, write_file_atomic)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
 
 IOMMU_ARGS = {"intel": "intel_iommu=on", "amd": "amd_iommu=on"}
 PENDING_NOTE = ("# Written by mlinfra.kvm.kernel_cmdline: the GRUB drop-in changed and `%s` has not succeeded "
@@ -344,8 +341,7 @@ def main() -> None:
             backend=dict(type="str", default="auto", choices=["auto", "grub_dropin", "grubby"]),
             update_grub_command=dict(type="list", elements="str", default=["update-grub"]),
             grubby_command=dict(type="list", elements="str", default=["grubby"]),
-            etc_root=dict(type="path", default="/etc"),
-            proc_root=dict(type="path", default="/proc"),
+            **roots_argspec("etc_root", "proc_root"),
         ),
         supports_check_mode=True,
     )

@@ -629,9 +629,9 @@ metrics_textfile:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_runner import StageRunner
-from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_spec import StageSpec
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_runner import StageRunner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_spec import StageSpec
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),

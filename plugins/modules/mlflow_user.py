@@ -206,9 +206,9 @@ from typing import Any, Dict
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._mlflow_user import (
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._mlflow_user import (
     PERMISSIONS, MlflowUserManager, MlflowUserService, UserSpec)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ description:
   - Changes to static DHCP hosts and DNS host entries of an active network are applied live
     and to the persistent definition with libvirt's network update API; the network keeps
     running and guests keep their connectivity.
-  - Any other change to an active network (addresses, DHCP range, mode, bridge, MTU, domain) is
-    written to the persistent definition and reported with RV(restart_required=true); the
+  - Any other change to an active network (mode, bridge, forward device, domain, MTU, address, prefix,
+    DHCP range) is written to the persistent definition and reported with RV(restart_required=true); the
     running network is restarted only with O(restart=true), because a restart cuts running
     guests off the network until their interfaces are reattached.
 options:
@@ -199,10 +199,10 @@ blockers:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import Connection
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._network import MUTUALLY_EXCLUSIVE, argument_spec, run_network
-from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._network import MUTUALLY_EXCLUSIVE, argument_spec, run_network
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import is_local
 
 
 def main() -> None:

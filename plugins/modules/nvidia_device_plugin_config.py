@@ -248,13 +248,13 @@ from typing import Any, Dict, Optional  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._device_plugin import (  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._device_plugin import (  # noqa: E402
     CONFIG_NAME, HAS_YAML, YAML_IMPORT_ERROR, advertised, helm_values, mig_parted_config, plugin_config, profiles_from_option, to_yaml)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._mig import INSTANCE_SPEC  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import read_file, write_file_atomic  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig import INSTANCE_SPEC  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import read_file, write_file_atomic  # noqa: E402
 
 RESOURCE_SPEC: Dict[str, Any] = dict(
     name=dict(type="str", default="nvidia.com/gpu"),

@@ -182,13 +182,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._mig import (  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig import (  # noqa: E402
     INSTANCE_SPEC, GpuInstance, GpuRow, MigDevice, Plan, Process, Profile, canonical_bus_id, expand_request,
     geometry_labels, layout_text, plan_geometry, planned_labels, validate_request)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._mig_service import MigService, resolve_binary  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig_service import MigService, resolve_binary  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run  # noqa: E402
 
 
 ARGUMENT_SPEC: Dict[str, Any] = dict(

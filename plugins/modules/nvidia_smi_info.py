@@ -100,9 +100,9 @@ import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import KvmError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import (  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import KvmError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._nvidia import (  # noqa: E402
     NO_GPU_MESSAGE, NvidiaSmiParseError, looks_like_no_gpu, parse_log)
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin"]

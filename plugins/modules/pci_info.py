@@ -21,14 +21,6 @@ description:
     CPU needs.
   - Changes nothing. Reads a C(sysfs_root) and C(proc_root) so it can answer on a captured tree.
 options:
-  sysfs_root:
-    description: Where sysfs is mounted (a captured tree in tests).
-    type: path
-    default: /sys
-  proc_root:
-    description: Where procfs is mounted (C(cmdline), C(cpuinfo), C(<pid>/fd), C(mounts) are read).
-    type: path
-    default: /proc
   gpus_only:
     description: Return only the GPUs and the members of their IOMMU groups in C(devices).
     type: bool
@@ -41,7 +33,11 @@ options:
         through LVM/device-mapper/md holders) that is mounted or swapped on. Scans C(/proc/*/fd)."
     type: bool
     default: true
+extends_documentation_fragment:
+  - mlinfra.kvm.host.sysfs_root
+  - mlinfra.kvm.host.proc_root
 notes:
+  - Reads C(cmdline), C(cpuinfo), C(<pid>/fd) and C(mounts) below O(proc_root).
   - Supports check mode (it never changes anything).
   - Inside a VM without a virtual IOMMU there are no IOMMU groups; the module says so, with
     the reason, instead of failing.
@@ -141,10 +137,10 @@ from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import PciDevice, PciScanner
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci_select import index_among_twins
-from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import Roots, list_dir
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci import PciDevice, PciScanner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci_select import index_among_twins
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import Roots, list_dir, roots_argspec
 
 
 class PciInfoRunner:
@@ -192,8 +188,7 @@ class PciInfoRunner:
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            sysfs_root=dict(type="path", default="/sys"),
-            proc_root=dict(type="path", default="/proc"),
+            **roots_argspec("sysfs_root", "proc_root"),
             gpus_only=dict(type="bool", default=False),
             check_usage=dict(type="bool", default=True),
         ),

@@ -71,8 +71,9 @@ options:
     type: bool
   recreate:
     description:
-      - Allow a change of O(target) or O(type) of an existing pool by undefining and
-        defining it again. Volumes in the old target stay on disk but leave the pool.
+      - Allow a change of O(type), O(target), O(source_host), O(source_dir) or O(source_name)
+        of an existing pool by undefining and defining it again. Volumes in the old target stay
+        on disk but leave the pool.
     type: bool
     default: false
   purge:
@@ -170,18 +171,19 @@ purged:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import Connection
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pool import (MUTUALLY_EXCLUSIVE, argument_spec, run_pool,
-                                                                        validate_input)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._pool import (
+    MUTUALLY_EXCLUSIVE, argument_spec, precheck_pool, run_pool,
+)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import is_local
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True, mutually_exclusive=MUTUALLY_EXCLUSIVE)
 
     def runner() -> dict:
-        validate_input(module.params)  # bad input fails before libvirt is even contacted
+        precheck_pool(module.params)  # bad input fails before libvirt is even contacted
         with Connection(module.params["uri"]) as connection:
             return run_pool(module, connection.conn, is_local(connection.uri))
 

@@ -97,8 +97,9 @@ options:
         type: bool
       recreate:
         description:
-        - Allow a change of O(config[].target) or O(config[].type) of an existing pool by undefining and defining
-          it again. Volumes in the old target stay on disk but leave the pool.
+        - Allow a change of O(config[].type), O(config[].target), O(config[].source_host), O(config[].source_dir)
+          or O(config[].source_name) of an existing pool by undefining and defining it again. Volumes in the
+          old target stay on disk but leave the pool.
         - 'When the item does not set it: V(false) (replaced, overridden, and a new object in merged; merged
           keeps an existing object''s value).'
         type: bool
@@ -186,9 +187,9 @@ rendered:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pool import LIST_KIND
-from ansible_collections.mlinfra.kvm.plugins.module_utils._resource_list import list_argument_spec, run_list
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._pool import LIST_KIND
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._resource_list import list_argument_spec, run_list
 
 
 def main() -> None:

@@ -167,170 +167,22 @@ actions:
   sample: ["create internal disk snapshot"]
 '''
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _snapshot as S
-from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._host_lock import local_object_lock
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
-
-
-class SnapshotRunner:
-    def __init__(self, module: AnsibleModule, service: S.SnapshotService) -> None:
-        self.module = module
-        self.params = module.params
-        self.service = service
-        self.tracker = DifferenceTracker()
-        self.check = module.check_mode
-
-    # -- validation -------------------------------------------------------------------------
-    def validate(self) -> None:
-        p = self.params
-        object_name("domain", p["domain"])
-        object_name("name", p["name"])  # required by the argspec
-        p["metadata"] = S.normalise_metadata(p["metadata"]) if p["metadata"] is not None else None
-        if p["description"] is not None and S.METADATA_MARKER in p["description"]:
-            raise InvalidInputError("description", p["description"], "contains the metadata marker line",
-                                    "remove '%s' from the description" % S.METADATA_MARKER)
-
-    # -- run --------------------------------------------------------------------------------
-    def run(self) -> Dict[str, Any]:
-        self.validate()
-        dom = S.load_domain(self.service, self.params["domain"])
-        name = self.params["name"]
-        snap = self.service.get(dom, name)
-        before = self.service.describe(snap) if snap is not None else None
-        state = self.params["state"]
-        predicted: Optional[Dict[str, Any]] = before
-        if state == "present":
-            predicted = self.ensure_present(dom, snap, before)
-        elif state == "absent":
-            predicted = self.ensure_absent(snap, before)
-        elif state == "reverted":
-            self.ensure_reverted(snap)
-        return self.result(dom, name, before, predicted)
-
-    def ensure_present(self, dom: Any, snap: Optional[Any], before: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-        p = self.params
-        if snap is None:
-            return self.create(dom)
-        description = p["description"] if p["description"] is not None else before["description"]
-        metadata = p["metadata"] if p["metadata"] is not None else before["metadata"]
-        changed = [self.tracker.add("description", before["description"], description),
-                   self.tracker.add("metadata", before["metadata"], metadata)]
-        after = dict(before, description=description, metadata=metadata)
-        if any(changed):
-            self.tracker.action("update description/metadata")
-            if not self.check:
-                xml = S.with_description(self.service.xml(snap), S.encode_description(description, metadata))
-                self.service.redefine(dom, xml, before["current"])
-        return after
-
-    def create(self, dom: Any) -> Dict[str, Any]:
-        p = self.params
-        domain_state = self.service.domain_state(dom)
-        domain_xml = self.service.domain_xml(dom)
-        plan, blockers = S.snapshot_plan(S.domain_disks(domain_xml))
-        if blockers:
-            raise ConflictError(
-                "domain %s has writable disks that cannot hold an internal snapshot: %s. Internal "
-                "snapshots (the only kind libvirt 9.0 can revert) need qcow2; convert the disks "
-                "(qemu-img convert -O qcow2) or mark them read-only"
-                % (dom.name(), ", ".join("%s (%s)" % (d["target"], d["format"] or "unknown format") for d in blockers)),
-                domain=dom.name(), disks=blockers)
-        if not any(d["snapshot"] == "internal" for d in plan):
-            raise ConflictError("domain %s has no writable qcow2 disk to snapshot" % dom.name(), domain=dom.name())
-        live = domain_state in ("running", "paused", "blocked")
-        if live and S.has_hostdevs(domain_xml):
-            raise ConflictError(
-                "domain %s is %s and has PCI host devices: libvirt cannot save their state, so a "
-                "live snapshot is impossible. Shut the domain down and snapshot it then (a disk "
-                "snapshot)" % (dom.name(), domain_state), domain=dom.name(), domain_state=domain_state)
-        if domain_state not in ("shutoff", "running", "paused", "blocked"):
-            raise ConflictError("domain %s is %s; snapshot it running, paused or shut off"
-                                % (dom.name(), domain_state), domain=dom.name(), domain_state=domain_state)
-        description = S.encode_description(p["description"], p["metadata"] or {})
-        kind = "internal checkpoint (disks + RAM)" if live else "internal disk snapshot"
-        self.tracker.add("state", "absent", "present")
-        self.tracker.action("create %s" % kind)
-        # A checkpoint covers every writable disk by itself (qemu savevm); only the inactive
-        # (qemu-img) path needs the per-disk list to skip cdroms.
-        xml = S.build_snapshot_xml(p["name"], description, None if live else plan, with_memory=live)
-        if self.check:
-            predicted = S.describe_snapshot_xml(xml)
-            predicted.update(domain_state=domain_state, current=True, memory="internal" if live else "no")
-            return predicted
-        snap = self.service.create(dom, xml)
-        return self.service.describe(snap)
-
-    def ensure_absent(self, snap: Optional[Any], before: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-        if snap is None:
-            return None
-        self.tracker.add("state", "present", "absent")
-        self.tracker.action("delete snapshot%s" % (" and its children" if self.params["children"] else ""))
-        if not self.check:
-            self.service.delete(snap, self.params["children"])
-        return None
-
-    def ensure_reverted(self, snap: Optional[Any]) -> None:
-        p = self.params
-        if snap is None:
-            raise InvalidInputError("name", p["name"], "is not a snapshot of domain %s" % p["domain"],
-                                    "create it first (state=present) or pick one from mlinfra.kvm.snapshot_info")
-        # Always an action: see DOCUMENTATION (the disks may have changed since any revert).
-        self.tracker.action("revert to %s (then %s)" % (p["name"], p["after_revert"]))
-        if not self.check:
-            self.service.revert(snap, p["after_revert"], p["force"])
-
-    # -- result -----------------------------------------------------------------------------
-    def result(self, dom: Any, name: str, before: Optional[Dict[str, Any]],
-               predicted: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-        snapshots, current = S.listing(self.service, dom)
-        if self.check:
-            after = predicted
-            snapshots = [s for s in snapshots if s["name"] != name] + ([after] if after else [])
-            current = S.current_name(snapshots)
-        else:
-            after = next((s for s in snapshots if s["name"] == name), None)
-        out: Dict[str, Any] = {"changed": self.tracker.changed, "actions": self.tracker.actions,
-                               "snapshot": after, "snapshots": snapshots, "current": current,
-                               "domain_state": self.service.domain_state(dom)}
-        if self.module._diff:
-            out["diff"] = self.tracker.diff(self.diff_view(before), self.diff_view(after))
-        return out
-
-    @staticmethod
-    def diff_view(snap: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-        if snap is None:
-            return {"state": "absent"}
-        return {"state": "present", "description": snap.get("description"), "metadata": snap.get("metadata")}
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._snapshot import argument_spec, run_snapshot
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import is_local
 
 
 def main() -> None:
-    argument_spec: Dict[str, Any] = dict(
-        domain=dict(type="str", required=True),
-        name=dict(type="str", required=True),
-        state=dict(type="str", choices=["present", "absent", "reverted"], default="present"),
-        description=dict(type="str"),
-        metadata=dict(type="dict"),
-        after_revert=dict(type="str", choices=["snapshot", "running", "paused"], default="snapshot"),
-        force=dict(type="bool", default=False),
-        children=dict(type="bool", default=False),
-    )
-    argument_spec.update(LIBVIRT_ARGSPEC)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
 
     def runner() -> Dict[str, Any]:
         with Connection(module.params["uri"]) as conn:
-            # The domain's host lock: a revert and a domain run on the same guest take turns.
-            with local_object_lock(is_local(conn.uri), "domain", module.params["domain"]):
-                return SnapshotRunner(module, S.SnapshotService(conn.conn)).run()
+            return run_snapshot(module, conn.conn, is_local(conn.uri))
 
     run(module, runner)
 

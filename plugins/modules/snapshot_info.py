@@ -100,11 +100,11 @@ from typing import Any, Dict
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _snapshot as S
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import LIBVIRT_ARGSPEC, Connection
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _snapshot as S
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import LIBVIRT_ARGSPEC, Connection
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
 
 
 class SnapshotInfoRunner:

@@ -115,21 +115,14 @@ options:
     description: Seconds to wait for the kernel to show the new binding after C(drivers_probe).
     type: int
     default: 10
-  sysfs_root:
-    description: Where sysfs is mounted.
-    type: path
-    default: /sys
-  proc_root:
-    description:
-      - Where procfs is mounted (C(self/mountinfo), C(mounts), C(swaps), C(net/route),
-        C(net/ipv6_route), C(net/if_inet6), C(<pid>/fd) are read).
-    type: path
-    default: /proc
-  etc_root:
-    description: Where C(/etc) is (modprobe.d, initramfs-tools, dracut.conf.d).
-    type: path
-    default: /etc
+extends_documentation_fragment:
+  - mlinfra.kvm.host.sysfs_root
+  - mlinfra.kvm.host.proc_root
+  - mlinfra.kvm.host.etc_root
 notes:
+  - Reads C(self/mountinfo), C(mounts), C(swaps), C(net/route), C(net/ipv6_route), C(net/if_inet6) and
+    C(<pid>/fd) below O(proc_root), and writes C(modprobe.d/<conf_name>.conf) and
+    C(initramfs-tools/modules) or C(dracut.conf.d/<conf_name>.conf) below O(etc_root).
   - Supports check mode and diff mode. Check mode takes the same decisions (and refusals) as a
     real run and reports them.
   - Needs root on the target. Run M(mlinfra.kvm.pci_info) first to see groups and drivers.
@@ -207,16 +200,16 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _pci_vfio as persist
-from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._host_usage import Use
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import VFIO_DRIVERS, PciDevice, PciScanner, is_interconnect
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci_select import PciSelector, parse_selector
-from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import (
-    ROOTS_ARGSPEC, Roots, read_file, remove_file, write_attr, write_file_atomic)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import object_name
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host import _pci_vfio as persist
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError, KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._host_usage import Use
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci import VFIO_DRIVERS, PciDevice, PciScanner, is_interconnect
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci_select import PciSelector, parse_selector
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import (
+    Roots, read_file, remove_file, roots_argspec, write_attr, write_file_atomic)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
 
 VFIO = "vfio-pci"
 PENDING_NOTE = ("# Written by mlinfra.kvm.vfio_pci: the vfio-pci boot configuration changed and `%s` has not "
@@ -624,7 +617,7 @@ def main() -> None:
         modprobe_command=dict(type="list", elements="str", default=["modprobe"]),
         bind_timeout=dict(type="int", default=10),
     )
-    argument_spec.update(ROOTS_ARGSPEC)
+    argument_spec.update(roots_argspec("sysfs_root", "proc_root", "etc_root"))
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
 
     def runner() -> Dict[str, Any]:

@@ -13,8 +13,8 @@ description:
   - A volume can be empty, a copy-on-write overlay on a backing image (how a VM disk is made
     from a base image), or imported from a local image file.
   - Volumes are grown to a larger O(capacity) in place. They are never shrunk, and never
-    recreated to change their format or backing image, since either would lose data; such
-    requests fail and name the way out.
+    recreated to change their format, backing image or backing format, since either would lose
+    data; such requests fail and name the way out.
   - A volume that a defined domain (running or not) uses is not deleted unless O(force=true).
 options:
   name:
@@ -160,11 +160,12 @@ users:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import Connection
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._volume import (MUTUALLY_EXCLUSIVE, argument_spec, run_volume,
-                                                                          validate_params)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._uri import is_local
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._volume import (
+    MUTUALLY_EXCLUSIVE, argument_spec, run_volume, validate_params,
+)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import is_local
 
 
 def main() -> None:

@@ -153,9 +153,9 @@ rendered:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._volume import LIST_KIND
-from ansible_collections.mlinfra.kvm.plugins.module_utils._resource_list import list_argument_spec, run_list
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._volume import LIST_KIND
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._resource_list import list_argument_spec, run_list
 
 
 def main() -> None:

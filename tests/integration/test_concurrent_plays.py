@@ -28,7 +28,7 @@ import libvirt
 import pytest
 import yaml
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _host_lock
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core import _host_lock
 from conftest import ROOT, module_env, run_module_process
 from test_resource_lists import free_subnets
 

@@ -60,6 +60,22 @@ def test_overlay_on_backing_image_four_ways(pool, base_image):
     assert info["backing-filename"] == base_image and info["backing-filename-format"] == "qcow2"
 
 
+def test_an_overlay_backing_format_change_is_refused_and_changes_nothing(pool, base_image, run_module):
+    """The format a disk reads its backing image with is not changed in place: a different
+    backing_format on an existing overlay fails naming the option (it used to report ok)."""
+    args = {"name": "bf.qcow2", "pool": pool["name"], "backing": base_image}
+    created = run_module("volume", args)
+    assert not created["failed"], created
+    for check in (True, False):
+        result = run_module("volume", dict(args, backing_format="raw"), check=check)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["msg"].startswith("option backing_format: value 'raw' differs from volume bf.qcow2"), result
+        assert "Set backing_format: qcow2 or leave it unset" in result["msg"]
+    assert qemu_img_info(created["volume"]["path"])["backing-filename-format"] == "qcow2"
+    same = run_module("volume", dict(args, backing_format="qcow2"))
+    assert not same["failed"] and same["changed"] is False, same
+
+
 def test_overlay_larger_than_backing(pool, base_image):
     results = four_ways("volume", {"name": "big.qcow2", "pool": pool["name"], "backing": base_image,
                                    "capacity": "3G"})

@@ -1,4 +1,4 @@
-"""module_utils/_apt_sources.py: the one parser for the mirror a host's apt uses (the apt_mirror
+"""module_utils/_host/_apt_sources.py: the one parser for the mirror a host's apt uses (the apt_mirror
 filter on targets, lab/image/build.sh on the controller, which runs it as a script)."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _apt_sources
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host import _apt_sources
 from conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
-SCRIPT = ROOT / "plugins" / "module_utils" / "_apt_sources.py"
+SCRIPT = ROOT / "plugins" / "module_utils" / "_host" / "_apt_sources.py"
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _atomic_file as A
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import write_file_atomic
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core import _atomic_file as A
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import write_file_atomic
 
 pytestmark = pytest.mark.unit
 

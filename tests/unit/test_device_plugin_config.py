@@ -20,9 +20,9 @@ from test_roles_static import run_playbook
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _device_plugin as D  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _mig as M  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _device_plugin as D  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _mig as M  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.modules import nvidia_device_plugin_config as module  # noqa: E402
 
 pytestmark = pytest.mark.unit

@@ -10,11 +10,11 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _domain_spec as S
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_pci import SysfsPci
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_request import DomainRequest, memory_kib
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._xml import parse, to_string
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _domain_spec as S
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_pci import SysfsPci
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_request import DomainRequest, memory_kib
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import parse, to_string
 
 pytestmark = pytest.mark.unit
 
@@ -447,7 +447,7 @@ class RecordingService(FakeService):
 
 class FakeModule:
     def __init__(self, params: Dict[str, Any], check: bool = False) -> None:
-        from ansible_collections.mlinfra.kvm.plugins.module_utils._domain import argument_spec
+        from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain import argument_spec
         self.params = {k: v.get("default") for k, v in argument_spec().items()}
         self.params.update(params)
         self.check_mode = check
@@ -459,7 +459,7 @@ class FakeModule:
 
 
 def run_domain(service, check=False, warnings=None, **params):
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._domain import DomainRunner
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain import DomainRunner
     params.setdefault("name", "vm1")
     params.setdefault("sysfs_root", service.sysfs_root)
     module = FakeModule(params, check)
@@ -506,7 +506,7 @@ def test_a_paused_on_io_error_domain_is_resumed_and_reported(tmp_path):
 
 
 def test_state_reasons_follow_libvirts_codes():
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_service import state_reason
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_service import state_reason
     import libvirt
     assert state_reason("shutoff", libvirt.VIR_DOMAIN_SHUTOFF_CRASHED) == "crashed"
     assert state_reason("shutoff", libvirt.VIR_DOMAIN_SHUTOFF_DESTROYED) == "destroyed"
@@ -605,7 +605,8 @@ def test_a_domains_list_reads_the_host_pci_devices_once(tmp_path, monkeypatch):
     """Items of one mlinfra.kvm.domains call share one PCI scan; an item without hostdevs
     reads none. (test:///default stands in for libvirt; the devices are a synthetic sysfs.)"""
     import libvirt
-    from ansible_collections.mlinfra.kvm.plugins.module_utils import _domain, _domain_pci
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _domain
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _domain_pci
     scans = []
     real_devices = _domain_pci.SysfsPci.devices
 

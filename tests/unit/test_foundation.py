@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _xml as X
-from ansible_collections.mlinfra.kvm.plugins.module_utils._diff import DifferenceTracker
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, LibvirtCallError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import Connection, call, lookup, resolve_uri
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _validate as V
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _network as N
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _pool as P
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _volume as VOL
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core import _xml as X
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, LibvirtCallError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection, call, lookup, resolve_uri
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core import _validate as V
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _network as N
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _pool as P
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _volume as VOL
 
 pytestmark = pytest.mark.unit
 
@@ -145,6 +145,21 @@ def test_tracker_reports_only_differences_and_actions():
     t2 = DifferenceTracker()
     t2.action("start")
     assert t2.changed and t2.actions == ["start"] and t2.differences == []
+
+
+def test_tracker_act_records_the_action_in_both_modes_and_performs_it_only_in_a_real_run():
+    done = []
+    real, check = DifferenceTracker(check_mode=False), DifferenceTracker(check_mode=True)
+    assert real.act("stop net", lambda name, live: done.append((name, live)) or "stopped", "n1", live=True) == "stopped"
+    assert check.act("stop net", lambda name, live: done.append((name, live)), "n1", live=True) is None
+    assert done == [("n1", True)]
+    assert real.actions == check.actions == ["stop net"] and real.changed and check.changed
+
+
+def test_tracker_act_refuses_to_guess_the_mode():
+    """A tracker made without check_mode must not perform a side effect a check run would skip."""
+    with pytest.raises(TypeError):
+        DifferenceTracker().act("stop", lambda: None)
 
 
 # -- the libvirt connection on libvirt's test driver -----------------------------------------------

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _host_lock as hl
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core import _host_lock as hl
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError
 
 pytestmark = pytest.mark.unit
 

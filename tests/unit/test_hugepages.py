@@ -17,8 +17,8 @@ from sysfs_builder import SysfsTree  # noqa: E402
 if str(COLLECTIONS) not in sys.path:  # the in-process tests import the module itself
     sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import KvmError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import Roots  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import KvmError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import Roots  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.modules.hugepages import HugepagesRunner, HugepagesService  # noqa: E402
 
 pytestmark = pytest.mark.unit

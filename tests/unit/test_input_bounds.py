@@ -9,12 +9,12 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _domain_request as R
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _validate as V
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import build_new
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _domain_request as R
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core import _validate as V
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_spec import build_new
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError
 from ansible_collections.mlinfra.kvm.plugins.modules import domain as domain_module
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _network as network_module
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _network as network_module
 
 from test_domain_xml import FakeService, request
 
@@ -295,7 +295,7 @@ def test_network_refuses_control_characters_in_every_text_option(path):
 
 def test_a_description_may_span_lines_but_holds_no_other_control_character():
     """A domain's description is prose: lines and tabs are content there, an escape is not."""
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import plain_texts
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import plain_texts
     plain_texts({"description": "GPU worker\n\tH200, rack 4"}, ["description"], multiline=["description"])
     with pytest.raises(InvalidInputError) as err:
         plain_texts({"description": "GPU worker\x1b[31m"}, ["description"], multiline=["description"])

@@ -578,3 +578,32 @@ def test_metrics_file_inside_an_out_directory_adds_no_out(proj: Path) -> None:
     assert with_metrics["metrics"] == {"loss": 0.5}
     assert with_metrics["inputs_digest"]["outs"] == without["inputs_digest"]["outs"]
     assert with_metrics["key"] == without["key"]
+
+
+# ml_stage with its running record's write followed at once by SIGHUP to itself: the signal
+# lands after the command started and before the module could act on it, the window in which
+# a dropped SSH connection used to end the module with no result.
+SIGHUP_AFTER_RECORD = r'''
+import os, runpy, signal
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _stage_proc
+write = _stage_proc.RunRecord.write
+def write_then_hangup(self, *args, **kwargs):
+    write(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGHUP)
+_stage_proc.RunRecord.write = write_then_hangup
+runpy.run_module("ansible_collections.mlinfra.kvm.plugins.modules.ml_stage", run_name="__main__")
+'''
+
+
+def test_a_signal_before_the_module_waits_on_its_command_still_stops_it_and_reports(proj: Path) -> None:
+    from conftest import module_env
+    payload = dict(args(proj), _ansible_check_mode=False, _ansible_diff=False)
+    env = dict(module_env(), SLEEP="60")
+    proc = subprocess.run([sys.executable, "-c", SIGHUP_AFTER_RECORD], capture_output=True, text=True,
+                          input=json.dumps({"ANSIBLE_MODULE_ARGS": payload}), env=env, timeout=120, check=False)
+    assert "{" in proc.stdout, ("the module ended with no result", proc.returncode, proc.stderr[-2000:])
+    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert result["failed"] is True and result["interrupted_by"] == "SIGHUP", result
+    assert result["changed"] is True and result["still_running"] == [], result
+    assert not (proj / "out.txt").exists()
+    assert not (proj / ".ml_stage" / "prep.lock").exists()

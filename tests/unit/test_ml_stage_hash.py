@@ -15,11 +15,11 @@ from conftest import COLLECTIONS
 
 sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _atomic_file as A  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _stage_hash as H  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _stage_lock as L  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_spec import StageSpec  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core import _atomic_file as A  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _stage_hash as H  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _stage_lock as L  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_spec import StageSpec  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

@@ -95,7 +95,7 @@ def test_fifo_as_a_declared_out_is_refused(proj: Path) -> None:
 
 
 def test_small_files_are_read_in_bounded_chunks_even_when_they_grew(tmp_path: Path, monkeypatch) -> None:
-    from ansible_collections.mlinfra.kvm.plugins.module_utils import _stage_hash as h
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _stage_hash as h
     path = tmp_path / "grew.bin"
     data = os.urandom(3 * h.CHUNK + 123)
     path.write_bytes(data)

@@ -23,7 +23,7 @@ from test_ml_stage import _project, args, ml, ok, runs, snapshot, warnings
 
 sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _stage_metrics as SM  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _stage_metrics as SM  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

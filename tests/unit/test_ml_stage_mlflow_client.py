@@ -18,8 +18,8 @@ from conftest import COLLECTIONS
 
 sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _stage_mlflow as M  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_spec import flatten  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _stage_mlflow as M  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_spec import flatten  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

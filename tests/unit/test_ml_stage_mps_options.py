@@ -142,7 +142,7 @@ def test_mps_without_pipe_directory_is_refused_by_the_argument_spec(proj: Path) 
 
 
 def test_mps_spec_env_tags_and_inherited_variables(tmp_path: Path) -> None:
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_mps import MpsSpec
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_mps import MpsSpec
     spec = MpsSpec({"pipe_directory": "pipe", "active_thread_percentage": 40,
                     "pinned_device_mem_limit": "0=16G, 1=8192M"}, str(tmp_path))
     assert spec.pipe_directory == str(tmp_path / "pipe")  # relative to chdir

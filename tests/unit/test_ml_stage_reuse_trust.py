@@ -17,9 +17,9 @@ from conftest import COLLECTIONS
 from test_ml_stage import _project, args, lock_bytes, ml, ok, runs
 
 sys.path.insert(0, str(COLLECTIONS))
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _stage_sign as S  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_hash import choose_algorithm  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _stage_mlflow as M  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _stage_sign as S  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_hash import choose_algorithm  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _stage_mlflow as M  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

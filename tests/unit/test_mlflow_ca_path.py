@@ -22,12 +22,12 @@ from test_mlflow_user_plan import params
 
 sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _mlflow_user as U  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_mlflow import (  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _mlflow_user as U  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_mlflow import (  # noqa: E402
     MlflowClient, MlflowError)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_spec import StageSpec  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_track import apply_tls_env  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_spec import StageSpec  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_track import apply_tls_env  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

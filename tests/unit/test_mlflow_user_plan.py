@@ -15,10 +15,10 @@ from conftest import COLLECTIONS
 
 sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _mlflow_user as U  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import (  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _mlflow_user as U  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import (  # noqa: E402
     InvalidInputError, KvmError)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._stage_mlflow import MlflowError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_mlflow import MlflowError  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

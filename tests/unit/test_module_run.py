@@ -1,10 +1,10 @@
-"""plugins/module_utils/_module.run: how every module ends."""
+"""plugins/module_utils/_core/_module.run: how every module ends."""
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
 
 pytestmark = pytest.mark.unit
 

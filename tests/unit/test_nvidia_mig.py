@@ -21,9 +21,9 @@ from conftest import COLLECTIONS, ROOT, four_ways, run_module_process
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _mig as M  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import ConflictError, InvalidInputError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _parse  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _mig as M  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._nvidia import _parse  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.modules import nvidia_mig  # noqa: E402
 
 pytestmark = pytest.mark.unit

@@ -19,10 +19,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import run_module_process  # noqa: E402
 from sysfs_builder import BRIDGE, GPU, GPU_AUDIO, SysfsTree, gpu_host  # noqa: E402
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_pci import SysfsPci  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import (  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_pci import SysfsPci  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci import (  # noqa: E402
     PciDevice, PciScanner, group_blockers, is_interconnect)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._sysfs import Roots  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import Roots  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

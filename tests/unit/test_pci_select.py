@@ -1,4 +1,4 @@
-"""One PCI selector grammar (module_utils/_pci_select): vfio_pci's devices, domain's hostdevs,
+"""One PCI selector grammar (module_utils/_host/_pci_select): vfio_pci's devices, domain's hostdevs,
 pci_info's per-GPU selector, the gpu_hostdev and pci_selector filters and the hypervisor role's
 hypervisor_vfio_devices all parse and resolve entries the same way.
 
@@ -24,9 +24,9 @@ from sysfs_builder import GPU, GPU_AUDIO, SysfsTree, gpu_host  # noqa: E402
 from test_roles_static import failures, run_playbook  # noqa: E402
 
 from ansible_collections.mlinfra.kvm.plugins.filter.gpus import gpu_hostdev, pci_selector  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci import PciDevice  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._pci_select import (  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci import PciDevice  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci_select import (  # noqa: E402
     index_among_twins, parse_selector)
 
 pytestmark = pytest.mark.unit

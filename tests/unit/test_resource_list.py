@@ -15,8 +15,11 @@ from ansible.errors import AnsibleFilterError
 
 from conftest import ROOT, run_module_process
 from ansible_collections.mlinfra.kvm.plugins.filter.guest import guest_domains, guest_volumes
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _domain, _network, _pool, _volume
-from ansible_collections.mlinfra.kvm.plugins.module_utils._resource_list import list_argument_spec
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _domain
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _network
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _pool
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _volume
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._resource_list import list_argument_spec
 
 pytestmark = pytest.mark.unit
 # A URI whose connection fails at once, here: a call that must not connect proves it did not.
@@ -65,6 +68,17 @@ def test_rendered_never_connects():
     missing = run_module_process("volumes", {"uri": NO_LIBVIRT, "state": "rendered", "config": [
         {"pool": "p", "name": "d.qcow2"}]})
     assert missing["failed"] and missing["msg"].startswith("config[0] (p/d.qcow2): option capacity"), missing
+
+
+def test_rendered_refuses_a_pool_the_module_would_refuse():
+    """rendered and the module share one precheck: a netfs pool without its server is refused
+    by both, naming the options, instead of rendering a <host/> without a name."""
+    item = {"name": "nfs", "type": "netfs", "target": "/mnt/nfs", "source_dir": "/export"}
+    rendered = run_module_process("pools", {"uri": NO_LIBVIRT, "state": "rendered", "config": [item]})
+    assert rendered["failed"] and "option source_host/source_dir" in rendered["msg"], rendered
+    single = run_module_process("pool", dict(item, uri=NO_LIBVIRT))
+    assert single["failed"] and "option source_host/source_dir" in single["msg"], single
+    assert not single["changed"]
 
 
 def test_rendered_domains_never_connect():
@@ -148,8 +162,8 @@ def test_list_modules_are_in_the_libvirt_group():
 
 
 def test_an_object_removed_while_listed_is_left_out():
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import LibvirtCallError
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._resource_list import read_listed
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import LibvirtCallError
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._resource_list import read_listed
 
     def read(name):
         if name == "gone":

@@ -433,7 +433,7 @@ def test_unused_disk_and_nic_are_taken_four_ways(tree: SysfsTree) -> None:
 
 
 def test_walk_is_bounded_and_follows_no_links(tmp_path: Path) -> None:
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._host_usage import walk_subtree
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._host._host_usage import walk_subtree
     tree = gpu_host(tmp_path)
     add_sata_disk(tree)
     base = str(tree.device_path(AHCI))
@@ -473,6 +473,6 @@ def test_failed_initramfs_rebuild_is_retried_by_the_next_run(tree: SysfsTree) ->
 
 def test_route_addresses_decode_as_the_kernel_prints_them() -> None:
     """/proc/net/route of a real x86 host: 192.168.1.0 is printed 0001A8C0."""
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._host_usage import ipv4_hex
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._host._host_usage import ipv4_hex
     expected = "192.168.1.0" if sys.byteorder == "little" else "0.1.168.192"
     assert ipv4_hex("0001A8C0") == expected

@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _volume_io as vio
-from ansible_collections.mlinfra.kvm.plugins.module_utils._errors import InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._validate import plain_text
-from ansible_collections.mlinfra.kvm.plugins.module_utils import _pool as pool_module
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _volume_io as vio
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import plain_text
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _pool as pool_module
 
 pytestmark = pytest.mark.unit
 NO_DAEMON = "qemu+unix:///system?socket=/nonexistent/mlkvmtest-sock"
@@ -60,6 +60,7 @@ def test_newlines_allowed_only_where_asked():
     ({"name": "d.qcow2", "capacity": "0"}, "capacity", "is not a positive size"),
     ({"name": "d.qcow2", "capacity": "2P"}, "capacity", "more than the limit of 1 PiB"),
     ({"name": "d.qcow2", "capacity": 1125899906842625}, "capacity", "more than the limit of 1 PiB"),
+    ({"name": "d.qcow2", "capacity": "1G", "backing_format": "raw"}, "backing_format", "applies only to an overlay"),
 ])
 def test_volume_bad_input_before_connecting(run_module, args, option, needle):
     full = dict({"pool": "mlkvmtest-pool", "uri": NO_DAEMON}, **args)

@@ -18,7 +18,7 @@ import pytest
 import harness
 from conftest import four_ways
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._domain_spec import derived_mac
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_spec import derived_mac
 
 pytestmark = pytest.mark.vm
 
