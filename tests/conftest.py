@@ -262,6 +262,8 @@ TIERS = tuple(TIER_MARKERS)
 def pytest_configure(config):  # noqa: D103 - registers the tier markers
     for tier, description in TIER_MARKERS.items():
         config.addinivalue_line("markers", "%s: %s" % (tier, description))
+    config.addinivalue_line("markers", "libvirtd: an integration test that runs in the session of the files "
+                            "that talk to libvirtd (set from their fixtures; tests/conftest.py)")
     if run_by_ansible_test(config):
         # pytest's own import mode puts each test file's directory on sys.path, which the tests'
         # `from conftest import ...` and `from sysfs_builder import ...` rely on; ansible-test
@@ -276,6 +278,30 @@ def run_by_ansible_test(config) -> bool:
     return config.pluginmanager.has_plugin("ansible_pytest_collections")
 
 
+# Service files that run in the libvirtd session all the same. train_ddp evens out the two
+# sessions' wall times (stop 40's rehearsal: libvirtd files 441 s, service files 656 s, of which
+# train_ddp took 111 s). dashboard_browser must not run beside the libvirtd files: the bridges
+# their networks add and remove make Chromium abort its requests (net::ERR_NETWORK_CHANGED, seen
+# in a rehearsal). Safe that way round: they never talk to libvirtd, so its restarts cannot
+# touch them.
+BALANCED_INTO_LIBVIRTD_SESSION = ("test_train_ddp.py", "test_dashboard_browser.py")
+
+
+def mark_libvirtd_files(items) -> None:
+    """Mark `libvirtd` every integration test in a file where any test uses the libvirtd
+    fixture. scripts/run-tests.sh runs the integration tier as two sessions side by side: the
+    files that talk to libvirtd (some restart it, and their input checks may still connect)
+    and the files that never do (MLflow, PostgreSQL, torchrun, the browser). Whole files, so a
+    test without the fixture never meets a libvirtd that a neighbour is restarting. The files in
+    BALANCED_INTO_LIBVIRTD_SESSION join the first session only to balance the two."""
+    libvirt_files = {item.path for item in items
+                     if item.get_closest_marker("integration")
+                     and ("libvirtd" in item.fixturenames or item.path.name in BALANCED_INTO_LIBVIRTD_SESSION)}
+    for item in items:
+        if item.path in libvirt_files:
+            item.add_marker(pytest.mark.libvirtd)
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test belongs to exactly one tier, so `make test` (which runs the tiers one by
     one) cannot silently miss a test that carries no tier marker. Under `ansible-test units`
@@ -285,6 +311,7 @@ def pytest_collection_modifyitems(config, items):
     if untiered:
         raise pytest.UsageError("tests without exactly one tier marker (%s): %s"
                                 % (", ".join(TIERS), ", ".join(untiered[:10])))
+    mark_libvirtd_files(items)
     if run_by_ansible_test(config):
         for item in items:
             tier = next(t for t in TIERS if item.get_closest_marker(t))
