@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -149,6 +150,21 @@ def libvirtd() -> str:
     return "qemu:///system"
 
 
+def _stop_orphaned_dnsmasq(prefix: str) -> None:
+    """A test that kills libvirtd mid-start leaves dnsmasq processes libvirt no longer knows; once
+    their networks are gone they would hold their addresses for any later test given that subnet."""
+    for entry in os.listdir("/proc"):
+        try:
+            argv = (Path("/proc") / entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if any(arg.startswith("--conf-file=/var/lib/libvirt/dnsmasq/" + prefix) for arg in argv):
+            try:
+                os.kill(int(entry), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+
+
 def _cleanup_libvirt(uri: str, prefix: str) -> None:
     import libvirt  # noqa: WPS433 - only the integration tiers need it
     conn = libvirt.open(uri)
@@ -168,6 +184,7 @@ def _cleanup_libvirt(uri: str, prefix: str) -> None:
                 if net.isActive():
                     net.destroy()
                 net.undefine()
+        _stop_orphaned_dnsmasq(prefix)
         for pool in conn.listAllStoragePools():
             if pool.name().startswith(prefix):
                 if not pool.isActive():

@@ -61,8 +61,8 @@ def kill_libvirtd_once_networks_exist(prefix: str, within_s: float, count: int =
     return killer, killed
 
 
-def run_networks(config: List[Dict]) -> Dict:
-    payload = {"ANSIBLE_MODULE_ARGS": {"uri": URI, "config": config}}
+def run_networks(config: List[Dict], check: bool = False) -> Dict:
+    payload = {"ANSIBLE_MODULE_ARGS": {"uri": URI, "config": config, "_ansible_check_mode": check}}
     proc = subprocess.run([sys.executable, "-m", "ansible_collections.mlinfra.kvm.plugins.modules.networks"],
                           input=json.dumps(payload), capture_output=True, text=True, env=module_env(),
                           cwd=str(ROOT), timeout=600, check=False)
@@ -122,10 +122,10 @@ def test_libvirtd_killed_mid_list_fails_clearly_and_the_rerun_converges(
 
     subprocess.run([str(SCRIPT)], capture_output=True, text=True, timeout=300, check=True)
     second = run_networks(config)
-    assert second["failed"] is False and second["changed"] is True, second
+    assert second["failed"] is False and second["changed"] is True, "%s %s" % (second.get("msg"), second.get("objects"))
     third = run_networks(config)
     bridges_left.extend(bridges_of(libvirt_cleanup))
-    assert third["failed"] is False and third["changed"] is False, third
+    assert third["failed"] is False and third["changed"] is False, "%s %s" % (third.get("msg"), third.get("actions"))
     assert network_names(libvirt_cleanup) == sorted(item["name"] for item in config)
     conn = libvirt.open(URI)
     try:
@@ -226,9 +226,79 @@ def test_a_bridge_left_by_an_unfinished_start_is_removed_only_when_nothing_uses_
         else:
             assert not result["failed"] and result["changed"], result
             assert result["objects"][name]["actions"] == [
-                "start", "delete bridge %s (left by an unfinished start) and start again" % bridge], result
+                "start", "delete bridge %s (left by an unfinished start)" % bridge, "start again"], result
             assert run_networks([dict(item, state="active")])["changed"] is False
     finally:
         subprocess.run(["ip", "link", "delete", port], capture_output=True, check=False)
         if plugged:
             subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
+
+
+def dnsmasq_pids(name: str) -> List[int]:
+    """The dnsmasq processes (not zombies) that run network ``name``'s configuration."""
+    conf = "--conf-file=/var/lib/libvirt/dnsmasq/%s.conf" % name
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = open("/proc/%s/cmdline" % entry, "rb").read().decode().split("\0")
+            state = open("/proc/%s/stat" % entry).read().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
+            continue
+        if conf in argv and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.parametrize("wanted", ["active", "absent"])
+def test_a_start_libvirtd_never_recorded_is_cleared(bridges_left, libvirt_cleanup, restart_libvirtd, wanted):
+    """libvirtd killed after it made the bridge, gave it its address and started dnsmasq, but
+    before it recorded the network as started (its status file under /run/libvirt/network): made
+    on purpose by removing that file while libvirtd is down. libvirtd comes back with the network
+    inactive, and a plain start fails ("Network is already in use by interface", then dnsmasq's
+    "Address already in use"). The module stops that dnsmasq, deletes that bridge, starts the
+    network (or, asked to remove it, undefines it), says so; the run after changes nothing."""
+    (subnet,) = free_subnets(1)
+    name = libvirt_cleanup + "unrec"
+    bridge = "mlkvur%d" % (os.getpid() % 100000)
+    bridges_left.append(bridge)
+    item = {"name": name, "mode": "isolated", "address": subnet + ".1", "prefix": 24, "bridge": bridge,
+            "dhcp_range": {"start": subnet + ".10", "end": subnet + ".20"}, "state": "active"}
+    assert run_networks([item])["changed"]
+    (stale_dnsmasq,) = [pid for pid in dnsmasq_pids(name) if open("/run/libvirt/network/%s.pid" % name).read().strip()
+                        == str(pid)]
+    subprocess.run(["pkill", "-KILL", "-x", "libvirtd"], check=False)
+    os.remove("/run/libvirt/network/%s.xml" % name)
+    subprocess.run([str(SCRIPT)], capture_output=True, text=True, timeout=300, check=True)
+    conn = libvirt.open(URI)
+    try:
+        assert not conn.networkLookupByName(name).isActive()  # libvirtd lost the start, as after the fault
+    finally:
+        conn.close()
+    assert os.path.isdir("/sys/class/net/%s" % bridge) and stale_dnsmasq in dnsmasq_pids(name)
+
+    leftovers = ["stop dnsmasq %d (left by an unfinished start)" % stale_dnsmasq,
+                 "delete bridge %s (left by an unfinished start)" % bridge]
+    wanted_item = dict(item, state=wanted)
+    if wanted == "absent":
+        wanted_item = {"name": name, "state": "absent"}
+    predicted = run_networks([wanted_item], check=True)
+    result = run_networks([wanted_item])
+    assert not result["failed"] and result["changed"], result.get("msg")
+    actions = result["objects"][name]["actions"]
+    if wanted == "active":
+        assert actions == ["start"] + leftovers + ["start again"], result
+        assert predicted["objects"][name]["actions"] == ["start"], predicted  # a failure check mode cannot foresee
+    else:
+        assert actions == ["undefine"] + leftovers, result
+        assert predicted["objects"][name]["actions"] == actions, predicted
+        assert not os.path.isdir("/sys/class/net/%s" % bridge)
+    assert stale_dnsmasq not in dnsmasq_pids(name)
+    again = run_networks([wanted_item])
+    assert not again["failed"] and again["changed"] is False, again
+    conn = libvirt.open(URI)
+    try:
+        assert network_names(name) == ([name] if wanted == "active" else [])
+        if wanted == "active":
+            assert conn.networkLookupByName(name).isActive()
+    finally:
+        conn.close()

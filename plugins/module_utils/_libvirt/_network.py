@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
@@ -18,6 +17,7 @@ from .._core._errors import InvalidInputError, KvmError, LibvirtCallError
 from .._core._host_lock import local_object_lock
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
 from ._libvirt_guards import (host_addresses, network_start_blockers, other_networks)
+from ._network_leftovers import Leftovers
 from .._core._validate import (int_range, ipv4_address, mac_address, object_name, plain_texts)
 from ._fields import LIVE, RESTART, Field, changed_with, compare, keys_with_change, option_specs
 from ._resource_list import ResourceKind, read_listed
@@ -433,7 +433,14 @@ class NetworkRunner(ObjectRunner):
         self.tracker.add("state", "active" if net.isActive() else "inactive", "absent")
         if net.isActive():
             self.tracker.act("stop", self.service.stop, net)
+            self.tracker.act("undefine", self.service.undefine, net)
+            return
+        # An inactive network may still have what an unfinished start left (its dnsmasq, its
+        # bridge): once undefined, nothing in libvirt could find them again.
+        leftovers = self.leftovers(net).own() if self.local else []
         self.tracker.act("undefine", self.service.undefine, net)
+        for description, clear in leftovers:
+            self.tracker.act(description, clear)
 
     def ensure_defined(self, net: Optional[Any], before: Dict[str, Any], request: Dict[str, Any]) -> Optional[Any]:
         name = self.params["name"]
@@ -558,30 +565,34 @@ class NetworkRunner(ObjectRunner):
 
     def start_clearing_a_stale_bridge(self, net: Any) -> None:
         """Start the network. A start that libvirtd did not finish (libvirtd killed in the middle)
-        can leave the network's bridge behind, and every later start then fails with "error
-        creating bridge interface NAME: File exists". Such a bridge is removed and the start
-        tried once more, only when it is this network's own bridge, no active network uses it,
-        and nothing is plugged into it; anything else is left as it is and reported."""
+        leaves the network's bridge (with or without its address) and its dnsmasq behind, and
+        every later start fails: "error creating bridge interface NAME: File exists", "Network
+        is already in use by interface NAME", or dnsmasq's "Address already in use". On such a
+        failure the leftovers (_network_leftovers: only ever this network's own, or a dnsmasq
+        whose network libvirt no longer has) are cleared, each reported, and the start is tried
+        once more; anything else is left as it is and the failure reported."""
         try:
             self.service.start(net)
         except LibvirtCallError as err:
-            match = re.search(r"error creating bridge interface (\S+): File exists", str(err.details.get("libvirt_message")))
-            bridge = match.group(1) if match else None
-            if bridge is None or not self.local or not self.bridge_is_stale(bridge, net):
+            if not self.local:
                 raise
-            self.tracker.action("delete bridge %s (left by an unfinished start) and start again" % bridge)
-            rc, _out, errout = self.module.run_command(["ip", "link", "delete", bridge, "type", "bridge"])
-            if rc != 0:
-                raise KvmError("network %s: its bridge %s is left from an unfinished start, and deleting it failed "
-                               "(%s); delete it by hand (ip link delete %s) and run again"
-                               % (net.name(), bridge, errout.strip(), bridge), changed=False)
-            self.service.start(net)
+            leftovers = self.leftovers(net).blocking(str(err.details.get("libvirt_message")))
+            if not leftovers:
+                raise
+            done: List[str] = []
+            try:
+                for description, clear in leftovers + [("start again", lambda: self.service.start(net))]:
+                    self.tracker.act(description, clear)
+                    done.append(description)
+            except KvmError as failure:
+                # What was cleared stays cleared: a partial change, reported as one.
+                failure.details.update(changed=bool(done), actions=done)
+                raise
 
-    def bridge_is_stale(self, bridge: str, net: Any) -> bool:
+    def leftovers(self, net: Any) -> Leftovers:
+        others = self.service.other_networks(net.name())
         own = X.attr(X.parse(self.service.xml(net, inactive=True)), "bridge", "name")
-        in_use = {other["bridge"] for other in self.service.other_networks(net.name()) if other.get("active")}
-        ports = os.path.join("/sys/class/net", bridge, "brif")
-        return own == bridge and bridge not in in_use and os.path.isdir(ports) and not os.listdir(ports)
+        return Leftovers(net.name(), own, others, self.module.run_command)
 
     def ensure_autostart(self, net: Optional[Any]) -> None:
         wanted = self.params["autostart"]
