@@ -6,7 +6,9 @@
 # Issue 12's target: rows_per_s >= 250 M rows/s (the naive fp32 loop did 93.6 M rows/s).
 # Read-only towards the GPU's settings (no MIG, clock, power or persistence changes).
 #   run from the repo root:  OUT=/some/dir bash tests/device/h200_ddp_train.sh
-# Outputs in $OUT (at most 8 files): plain.log, ddp.log (stdout and stderr of each run),
+# With COMPILED=1 (the default) both run again with compile: true (torch.compile), as
+# plain-compiled and ddp-compiled.
+# Outputs in $OUT (at most 8 files): plain.log, ddp.log, ... (stdout and stderr of each run),
 # rank-0.json (the NCCL rank report, shard_indices summarised), nvidia-smi.txt, summary.json.
 # Smaller dry runs (CPU is fine): ROWS=20000 TEST_ROWS=2000 EPOCHS=5 PYTHON=.../python OUT=...
 set -euo pipefail
@@ -47,16 +49,19 @@ for name, n in (("train", rows), ("test", test_rows)):
     np.save(os.path.join(out, "x_%s.npy" % name), x)
     np.save(os.path.join(out, "y_%s.npy" % name), y)
 PY
-cat >"$WORK/params.json" <<EOF
+for compile in false true; do  # params.json: the pipeline's default; params-compiled.json: compile: true
+  suffix=$([ "$compile" = true ] && echo -compiled || true)
+  cat >"$WORK/params$suffix.json" <<EOF
 {"epochs": $EPOCHS, "lr": 0.003, "hidden": [256, 128], "dropout": 0.1, "batch_size": 0,
- "seed": 7, "precision": "auto", "dist_timeout_s": 120}
+ "seed": 7, "precision": "auto", "dist_timeout_s": 120, "compile": $compile}
 EOF
+done
 
 # train NAME LAUNCHER...: runs train.py, leaves $OUT/NAME.log and the rc in $WORK/NAME.rc
 train() {
   local name=$1 rc=0 start end; shift
   start=$(date +%s.%N)
-  ML_STAGE_PARAMS="$WORK/params.json" timeout -k 10 "$RUN_TIMEOUT" "$@" "$TRAIN" "$WORK/prepared" \
+  ML_STAGE_PARAMS="$WORK/${PARAMS:-params.json}" timeout -k 10 "$RUN_TIMEOUT" "$@" "$TRAIN" "$WORK/prepared" \
     "$WORK/$name.pt" "$WORK/$name.metrics.json" >"$WORK/$name.out" 2>"$WORK/$name.err" || rc=$?
   end=$(date +%s.%N)
   echo "$rc" >"$WORK/$name.rc"
@@ -69,12 +74,19 @@ train() {
 train plain "$PYTHON"
 ML_TRAIN_RANK_REPORT_DIR="$WORK/reports" \
   train ddp "$PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=1
+NAMES=(plain ddp)
+if [ "${COMPILED:-1}" = 1 ]; then  # the same two with torch.compile (the first, untimed epoch compiles)
+  PARAMS=params-compiled.json train plain-compiled "$PYTHON"
+  PARAMS=params-compiled.json train ddp-compiled "$PYTHON" -m torch.distributed.run --standalone --nnodes=1 \
+    --nproc-per-node=1
+  NAMES+=(plain-compiled ddp-compiled)
+fi
 
-timeout -k 5 30 "$PYTHON" - "$WORK" "$OUT" <<'PY'
+timeout -k 5 30 "$PYTHON" - "$WORK" "$OUT" "${NAMES[@]}" <<'PY'
 import hashlib, json, os, sys
-work, out = sys.argv[1], sys.argv[2]
+work, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 summary = {"target_rows_per_s": 250e6, "naive_rows_per_s": 93.6e6, "runs": {}}
-for name in ("plain", "ddp"):
+for name in names:
     lines = [l for l in open(os.path.join(work, name + ".out")) if l.startswith("{")]
     start, end = map(float, open(os.path.join(work, name + ".time")).read().split())
     run = {"rc": int(open(os.path.join(work, name + ".rc")).read()), "wall_s": round(end - start, 1)}
@@ -101,4 +113,4 @@ print("SUMMARY " + " | ".join(fmt(name, r) for name, r in summary["runs"].items(
       + " | target 250M rows/s: " + ("met" if all(r.get("target_met") for r in summary["runs"].values())
                                      else "NOT met"))
 PY
-[ "$(cat "$WORK/plain.rc")" = 0 ] && [ "$(cat "$WORK/ddp.rc")" = 0 ]
+for name in "${NAMES[@]}"; do [ "$(cat "$WORK/$name.rc")" = 0 ] || exit 1; done
