@@ -8,7 +8,7 @@ import yaml
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core import _xml as X
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _volume as V
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._fields import LIVE, NEVER
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._fields import LIVE, NEVER, refuse_never_changes
 from ansible_collections.mlinfra.kvm.plugins.modules import volume as volume_module
 from option_docs import argspec_outside_the_table, labels, undocumented
 
@@ -38,3 +38,30 @@ def test_the_reader_gives_back_what_the_writer_put_in():
     assert V.read_xml(X.parse(V.build_xml("e.raw", "raw", 1024, None, None))) == {
         "format": "raw", "backing": None, "backing_format": None}
     assert set(V.DIFF_FIELDS) == {"state"} | {f.key for f in V.FIELD_TABLE}
+
+
+def test_every_never_field_says_why_and_the_fix():
+    assert [f.key for f in V.FIELD_TABLE if f.change == NEVER and not f.never] == []
+
+
+BEFORE = {"format": "qcow2", "capacity": 1 << 30, "backing": "/srv/base.qcow2", "backing_format": "qcow2"}
+
+
+@pytest.mark.parametrize("option,value,fix", [
+    ("format", "raw", "Delete it first (state: absent) or use another name."),
+    ("backing", "/srv/other.qcow2", "Delete it first (state: absent) or use another name."),
+    ("backing_format", "raw", "Set backing_format: qcow2 or leave it unset."),
+])
+def test_a_never_field_change_is_refused_naming_option_value_current_and_fix(option, value, fix):
+    wanted = {"format": None, "backing": None, "backing_format": None, option: value}
+    with pytest.raises(V.ConflictError) as caught:
+        refuse_never_changes(V.FIELD_TABLE, BEFORE, wanted, "volume d.qcow2")
+    assert caught.value.msg.startswith("option %s: value %r differs from volume d.qcow2, whose " % (option, value))
+    assert str(BEFORE[option]) in caught.value.msg and caught.value.msg.endswith(fix)
+    assert caught.value.details == {"option": option}
+
+
+def test_unset_or_equal_never_fields_and_live_fields_pass():
+    refuse_never_changes(V.FIELD_TABLE, BEFORE, dict(BEFORE, capacity=2 << 30), "volume d.qcow2")
+    refuse_never_changes(V.FIELD_TABLE, BEFORE, {"format": None, "backing": None, "backing_format": None},
+                         "volume d.qcow2")

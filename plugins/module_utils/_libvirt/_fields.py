@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .._core import _xml as X
+from .._core._errors import ConflictError
 from .._core._validate import plain_text
 
 # What a change to a field costs on an existing object.
@@ -44,6 +45,9 @@ class Field:
     label: str = ""
     read: Optional[Callable[[Any], Any]] = None
     write: Optional[Callable[[Any, Any], None]] = None
+    # A NEVER field's refusal: why the change is not made, and the fix ("{current}" is the
+    # object's value).
+    never: str = ""
 
     def __post_init__(self) -> None:
         if self.change not in CHANGES:
@@ -73,6 +77,20 @@ def changed_with(fields: Iterable[Any], changed: Iterable[str], change: str) -> 
     """The keys among ``changed`` whose change costs ``change`` (e.g. a pool's RECREATE fields)."""
     costing = keys_with_change(fields, change)
     return [key for key in changed if key in costing]
+
+
+def refuse_never_changes(fields: Iterable[Any], before: Dict[str, Any], wanted: Dict[str, Any],
+                         object_label: str) -> None:
+    """Refuse, naming the option, the value and the fix, the first wanted value of a NEVER field
+    that differs from the object's (``wanted`` holds None for an option left unset: no change
+    asked). Both sides already normalised by the caller (paths, units)."""
+    for f in fields:
+        want, have = wanted.get(f.key), before.get(f.key)
+        if f.change != NEVER or want is None or want == have:
+            continue
+        raise ConflictError("option %s: value %r differs from %s, whose %s is %s; %s"
+                            % (f.key, want, object_label, f.label or f.key, "none" if have is None else have,
+                               f.never.format(current=have)), option=f.key)
 
 
 @dataclass(frozen=True)

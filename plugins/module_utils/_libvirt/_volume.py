@@ -18,7 +18,7 @@ from .._core._host_lock import local_object_lock
 from ._libvirt_guards import DiskUsage
 from .._core._validate import object_name, plain_text, size_bytes
 from ._volume_io import PARTIAL_SUFFIX, capacity_in_range, partial_name, stream_file
-from ._fields import LIVE, NEVER, Field, option_specs
+from ._fields import LIVE, NEVER, Field, option_specs, refuse_never_changes
 from ._resource_list import ResourceKind, read_listed
 from .._core import _xml as X
 
@@ -28,11 +28,15 @@ from .._core import _xml as X
 # disk in place could lose data. The XML is small and written whole (build_xml); read_xml reads
 # back what the fields hold.
 FIELD_TABLE: Tuple[Field, ...] = (
-    Field("format", dict(format=dict(type="str", choices=["qcow2", "raw"])), NEVER, "format"),
+    Field("format", dict(format=dict(type="str", choices=["qcow2", "raw"])), NEVER, "format",
+          never="converting a disk in place is not done (it would lose data). Delete it first (state: absent) "
+                "or use another name."),
     Field("capacity", dict(capacity=dict(type="str")), LIVE, "capacity"),
-    Field("backing", dict(backing=dict(type="path")), NEVER, "backing image"),
+    Field("backing", dict(backing=dict(type="path")), NEVER, "backing image",
+          never="rebasing an existing disk is not done. Delete it first (state: absent) or use another name."),
     Field("backing_format", dict(backing_format=dict(type="str", choices=["qcow2", "raw"])), NEVER,
-          "backing format"),
+          "backing format", never="the format a disk reads its backing image with is not changed in place. "
+                                  "Set backing_format: {current} or leave it unset."),
 )
 DIFF_FIELDS = ("state",) + tuple(f.key for f in FIELD_TABLE)
 TEXT_OPTIONS = ("name", "pool", "capacity", "backing", "import_from")
@@ -432,23 +436,9 @@ class VolumeRunner(ObjectRunner):
     # -- update -----------------------------------------------------------------------------
     def update(self, vol: Any, before: Dict[str, Any], capacity: Optional[int]) -> None:
         p = self.params
-        if p["format"] and p["format"] != before["format"]:
-            raise ConflictError(
-                "volume %s exists as %s; format %s was requested. Converting in place is not done "
-                "(it would lose data). Delete it first (state: absent) or use another name."
-                % (p["name"], before["format"], p["format"]), option="format")
-        if p["backing"] and os.path.normpath(p["backing"]) != os.path.normpath(before["backing"] or ""):
-            raise ConflictError(
-                "volume %s exists with backing image %s; %s was requested. Rebasing an existing disk "
-                "is not done. Delete it first (state: absent) or use another name."
-                % (p["name"], before["backing"], p["backing"]), option="backing")
-        if p["backing_format"] and p["backing_format"] != before["backing_format"]:
-            current = before["backing_format"]
-            raise ConflictError(
-                "option backing_format: value %r differs from volume %s, whose backing image %s is read as %s; "
-                "the format a disk reads its backing image with is not changed in place. Set backing_format: %s "
-                "or leave it unset." % (p["backing_format"], p["name"], before["backing"], current, current),
-                option="backing_format")
+        # Every NEVER field at once, from the table: the paths compared as the file system does.
+        refuse_never_changes(FIELD_TABLE, dict(before, backing=_normpath(before["backing"])),
+                             dict(p, backing=_normpath(p["backing"])), "volume %s" % p["name"])
         if capacity is None or capacity == before["capacity"]:
             return
         if capacity < before["capacity"]:
@@ -458,6 +448,10 @@ class VolumeRunner(ObjectRunner):
                 % (p["capacity"], capacity, p["name"], before["capacity"], before["capacity"]), option="capacity")
         self.tracker.add("capacity", before["capacity"], capacity)
         self.tracker.act("grow to %s" % human(capacity), self.service.resize, vol, capacity)
+
+
+def _normpath(path: Optional[str]) -> Optional[str]:
+    return os.path.normpath(path) if path else None
 
 
 MUTUALLY_EXCLUSIVE = [("backing", "import_from")]
