@@ -374,19 +374,18 @@ class PoolRunner(ObjectRunner):
                 option="recreate", fields=relocating)
         if relocating:
             return self.recreate(pool, spec)
-        self.tracker.action("redefine")
-        return pool if self.check else self.service.define(build_xml(name, spec, pool.UUIDString()))
+        defined = self.tracker.act("redefine", self.service.define, build_xml(name, spec, pool.UUIDString()))
+        # Check mode defines nothing; what is read next (active, autostart) is the existing pool's,
+        # which a redefine keeps.
+        return defined if defined is not None else pool
 
     def recreate(self, pool: Any, spec: Dict[str, Any]) -> Optional[Any]:
         if pool.isActive():
             self.tracker.act("stop", self.service.stop, pool)
-        self.tracker.action("undefine")
-        self.tracker.action("define")
-        if self.check:
-            return pool
-        uuid = pool.UUIDString()
-        self.service.undefine(pool)
-        return self.service.define(build_xml(self.params["name"], spec, uuid))
+        xml = build_xml(self.params["name"], spec, pool.UUIDString())  # the same UUID: the same pool to libvirt
+        self.tracker.act("undefine", self.service.undefine, pool)
+        defined = self.tracker.act("define", self.service.define, xml)
+        return defined if defined is not None else pool  # check mode: nothing was redefined
 
     def ensure_definition_xml(self, pool: Optional[Any], xml: str) -> Optional[Any]:
         # libvirt fills in uuid, sizes and permissions; they are not part of the request.
@@ -396,8 +395,8 @@ class PoolRunner(ObjectRunner):
         current = X.normalise(self.service.inactive_xml(pool), drop=ignored) if pool is not None else None
         if not self.tracker.add("xml", current, wanted):
             return pool
-        self.tracker.action("define" if pool is None else "redefine")
-        return pool if self.check else self.service.define(xml)
+        defined = self.tracker.act("define" if pool is None else "redefine", self.service.define, xml)
+        return defined if defined is not None else pool  # check mode: nothing was (re)defined
 
 
 MUTUALLY_EXCLUSIVE = [("xml", "target")]
