@@ -560,6 +560,27 @@ class StageRunner:
     def _execute(self, result: Dict[str, Any], tracker: Any, key: str,
                  previous_key: Optional[str], inputs: Dict[str, Any], git_info: Dict[str, Any],
                  hasher: Hasher, manifest: Dict[str, Any], reasons: List[str]) -> Dict[str, Any]:
+        """Run the command and, when it succeeded, write the lock: environment, workspace, the
+        command, its verdict, then the record of the run."""
+        env = self._command_env(result, tracker, key, previous_key, git_info, hasher, reasons)
+        self._prepare_workspace()
+        rc, timed_out, cmd_started, duration = self._run_command(env, tracker, result)
+        failure = self._failure(rc, timed_out)
+        metrics: Dict[str, float] = {}
+        if failure is None and self.spec.metrics_file:
+            try:
+                metrics = _read_metrics(self.spec.abspath(self.spec.metrics_file))
+            except (OSError, ValueError) as exc:
+                failure = "metrics_file %s is not a JSON (or YAML) document: %s" % (self.spec.metrics_file, exc)
+        if failure is not None:
+            self._fail(result, tracker, failure)
+        return self._record_success(result, tracker, key, inputs, git_info, hasher, manifest, metrics,
+                                    cmd_started, duration)
+
+    def _command_env(self, result: Dict[str, Any], tracker: Any, key: str, previous_key: Optional[str],
+                     git_info: Dict[str, Any], hasher: Hasher, reasons: List[str]) -> Dict[str, str]:
+        """The command's environment: the module's, the stage's, MPS, the stage's identity and,
+        when tracked, the MLflow run it logs to (started here)."""
         spec = self.spec
         env = self._base_env()
         env.update(spec.runtime_env)
@@ -577,7 +598,13 @@ class StageRunner:
                 apply_tls_env(tracker.m, env)
             result["mlflow"] = tracker.summary()
             result["mlflow_run_id"] = tracker.run_id
+        env[TOKEN_VAR] = new_token()
+        return env
 
+    def _prepare_workspace(self) -> None:
+        """The params file written, declared outs removed when clean_outs says so, the state
+        directory made."""
+        spec = self.spec
         if spec.params_file:
             write_bytes_atomic(spec.abspath(spec.params_file),
                                (json.dumps(spec.params, indent=2, sort_keys=True) + "\n").encode("utf-8"))
@@ -589,9 +616,13 @@ class StageRunner:
                 elif os.path.lexists(full):
                     os.unlink(full)
         os.makedirs(spec.state_dir, exist_ok=True)
+
+    def _run_command(self, env: Dict[str, str], tracker: Any,
+                     result: Dict[str, Any]) -> Tuple[int, bool, float, float]:
+        """Spawn and wait: (rc, timed out, start time, duration). A spawn that fails outright
+        ends the MLflow run and the run record (unless the command still runs) and re-raises."""
         cmd_started = self._cmd_started = time.time()
         t0 = time.monotonic()
-        env[TOKEN_VAR] = new_token()
         if tracker and tracker.run_id:
             self._run_mlflow = {k: result["mlflow"][k] for k in ("run_id", "experiment_id", "tracking_uri")}
         try:
@@ -606,41 +637,43 @@ class StageRunner:
         self._cmd_ended = time.time()
         duration = round(time.monotonic() - t0, 3)
         result.update(ran=True, rc=rc, duration=duration,
-                      stdout_tail=_tail(self.files.stdout, spec.tail_lines),
-                      stderr_tail=_tail(self.files.stderr, spec.tail_lines),
+                      stdout_tail=_tail(self.files.stdout, self.spec.tail_lines),
+                      stderr_tail=_tail(self.files.stderr, self.spec.tail_lines),
                       stdout_log=self.files.stdout, stderr_log=self.files.stderr)
-        failure = None
-        if timed_out:
-            failure = "cmd timed out after %s s (option timeout) and was killed" % spec.timeout
-        elif rc != 0:
-            failure = "cmd exited with rc %s" % rc
-        else:
-            missing = [o for o in spec.outs if not os.path.exists(spec.abspath(o))]
-            special = [o for o in spec.outs if o not in missing
-                       and special_kind(os.stat(spec.abspath(o)).st_mode)]
-            if missing:
-                failure = ("cmd exited 0 but did not produce the declared out(s) %s; the run counts "
-                           "as failed (fix the command or the outs option)" % ", ".join(missing))
-            elif special:
-                failure = ("cmd made the out(s) %s a FIFO, device or socket, which ml_stage does not "
-                           "read (it could hang); the run counts as failed (write regular files)"
-                           % ", ".join(special))
-        metrics: Dict[str, float] = {}
-        if failure is None and spec.metrics_file:
-            try:
-                metrics = _read_metrics(spec.abspath(spec.metrics_file))
-            except (OSError, ValueError) as exc:
-                failure = "metrics_file %s is not a JSON (or YAML) document: %s" % (spec.metrics_file, exc)
-        if failure is not None:
-            if tracker:
-                tracker.finish("FAILED", None, failure)
-            self.record.remove()
-            details = {k: result.get(k) for k in ("rc", "duration", "stdout_tail", "stderr_tail",
-                                                  "stdout_log", "stderr_log", "reasons", "key",
-                                                  "previous_key", "mlflow", "mlflow_run_id")}
-            raise StageFailed("stage %s failed: %s; the previous lock is kept" % (spec.name, failure),
-                              changed=True, ran=True, lock_file=self.files.lock, **details)
+        return rc, timed_out, cmd_started, duration
 
+    def _failure(self, rc: int, timed_out: bool) -> Optional[str]:
+        """Why the finished command's run counts as failed; None when it succeeded."""
+        spec = self.spec
+        if timed_out:
+            return "cmd timed out after %s s (option timeout) and was killed" % spec.timeout
+        if rc != 0:
+            return "cmd exited with rc %s" % rc
+        missing = [o for o in spec.outs if not os.path.exists(spec.abspath(o))]
+        if missing:
+            return ("cmd exited 0 but did not produce the declared out(s) %s; the run counts "
+                    "as failed (fix the command or the outs option)" % ", ".join(missing))
+        special = [o for o in spec.outs if special_kind(os.stat(spec.abspath(o)).st_mode)]
+        if special:
+            return ("cmd made the out(s) %s a FIFO, device or socket, which ml_stage does not "
+                    "read (it could hang); the run counts as failed (write regular files)" % ", ".join(special))
+        return None
+
+    def _fail(self, result: Dict[str, Any], tracker: Any, failure: str) -> None:
+        """End the MLflow run FAILED, drop the run record, keep the previous lock, and raise."""
+        if tracker:
+            tracker.finish("FAILED", None, failure)
+        self.record.remove()
+        details = {k: result.get(k) for k in ("rc", "duration", "stdout_tail", "stderr_tail",
+                                              "stdout_log", "stderr_log", "reasons", "key",
+                                              "previous_key", "mlflow", "mlflow_run_id")}
+        raise StageFailed("stage %s failed: %s; the previous lock is kept" % (self.spec.name, failure),
+                          changed=True, ran=True, lock_file=self.files.lock, **details)
+
+    def _record_success(self, result: Dict[str, Any], tracker: Any, key: str, inputs: Dict[str, Any],
+                        git_info: Dict[str, Any], hasher: Hasher, manifest: Dict[str, Any],
+                        metrics: Dict[str, float], cmd_started: float, duration: float) -> Dict[str, Any]:
+        """The lock and manifest written, the hash cache saved, the MLflow run ended FINISHED."""
         mlflow = None
         if tracker and tracker.run_id:
             mlflow = {k: result["mlflow"][k] for k in ("run_id", "experiment_id", "tracking_uri")}
