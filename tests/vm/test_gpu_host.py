@@ -32,7 +32,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import pytest
 from lxml import etree
@@ -185,8 +185,10 @@ def ansible_env() -> Dict[str, str]:
     return env
 
 
-def converge(inventory: Path, log: Path) -> Dict[str, int]:
-    """ansible-playbook playbooks/hypervisor.yml; returns the recap counters of gpuhost."""
+def converge(inventory: Path, log: Path, guest: Optional[harness.Guest] = None) -> Dict[str, int]:
+    """ansible-playbook playbooks/hypervisor.yml; returns the recap counters of gpuhost. A failure
+    shows the guest's serial console too (the workdir holding it is removed at teardown): a
+    reboot that never came back (seen once in a rehearsal) is only readable there."""
     started = time.monotonic()
     # ANSIBLE_LOG_PATH: the same output with a timestamp per line, to see where a slow run spent it.
     env = dict(ansible_env(), ANSIBLE_LOG_PATH=str(log.with_suffix(".timed.log")))
@@ -195,8 +197,8 @@ def converge(inventory: Path, log: Path) -> Dict[str, int]:
                           timeout=PLAYBOOK_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
     log.write_text(proc.stdout + proc.stderr)
     print("converge: rc %d in %.0f s (log %s)" % (proc.returncode, time.monotonic() - started, log))
-    assert proc.returncode == 0, "converge failed (rc %d):\n%s\n%s" % (proc.returncode, proc.stdout[-8000:],
-                                                                       proc.stderr[-3000:])
+    assert proc.returncode == 0, "converge failed (rc %d):\n%s\n%s\n--- guest console:\n%s" % (
+        proc.returncode, proc.stdout[-8000:], proc.stderr[-3000:], guest.console_tail(80) if guest else "")
     match = re.search(r"^gpuhost\s*:\s*(.*)$", proc.stdout, re.M)
     assert match, proc.stdout[-3000:]
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
@@ -320,7 +322,7 @@ def test_gpu_host_passthrough(libvirtd, prefix, grub_image, run_module, tmp_path
         assert guest.ssh("ls /etc/modprobe.d/mlinfra-vfio-pci.conf", check=False).returncode != 0
 
         # Converge: kernel_cmdline + vfio_pci + hugepages, one reboot, verification.
-        first = converge(inventory, tmp_path / "converge1.log")
+        first = converge(inventory, tmp_path / "converge1.log", guest)
         assert first["changed"] > 0 and first["failed"] == 0, first
         assert "Rebooting gpuhost" in (tmp_path / "converge1.log").read_text()
         groups = assert_passthrough_state(guest)
@@ -334,7 +336,7 @@ def test_gpu_host_passthrough(libvirtd, prefix, grub_image, run_module, tmp_path
             "after the reboot the devices were not on vfio-pci until the role bound them again"
 
         # A second converge changes nothing and reboots nothing.
-        second = converge(inventory, tmp_path / "converge2.log")
+        second = converge(inventory, tmp_path / "converge2.log", guest)
         assert second["changed"] == 0 and second["failed"] == 0, second
         assert "Rebooting gpuhost" not in (tmp_path / "converge2.log").read_text()
 
