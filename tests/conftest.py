@@ -152,16 +152,14 @@ def libvirtd() -> str:
 
 def _stop_orphaned_dnsmasq(prefix: str) -> None:
     """A test that kills libvirtd mid-start leaves dnsmasq processes libvirt no longer knows; once
-    their networks are gone they would hold their addresses for any later test given that subnet."""
-    for entry in os.listdir("/proc"):
-        try:
-            argv = (Path("/proc") / entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
-        except OSError:
-            continue
-        if any(arg.startswith("--conf-file=/var/lib/libvirt/dnsmasq/" + prefix) for arg in argv):
+    their networks are gone they would hold their addresses for any later test given that subnet.
+    Found the way the network module finds them (_network_leftovers.libvirt_dnsmasqs)."""
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._network_leftovers import libvirt_dnsmasqs
+    for network, pids in libvirt_dnsmasqs().items():
+        for pid in pids if network.startswith(prefix) else []:
             try:
-                os.kill(int(entry), signal.SIGTERM)
-            except (OSError, ValueError):
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
                 pass
 
 

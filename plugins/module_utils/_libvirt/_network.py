@@ -430,14 +430,13 @@ class NetworkRunner(ObjectRunner):
     def ensure_absent(self, net: Optional[Any]) -> None:
         if net is None:
             return
-        self.tracker.add("state", "active" if net.isActive() else "inactive", "absent")
-        if net.isActive():
+        active = bool(net.isActive())
+        self.tracker.add("state", "active" if active else "inactive", "absent")
+        if active:
             self.tracker.act("stop", self.service.stop, net)
-            self.tracker.act("undefine", self.service.undefine, net)
-            return
         # An inactive network may still have what an unfinished start left (its dnsmasq, its
         # bridge): once undefined, nothing in libvirt could find them again.
-        leftovers = self.leftovers(net).own() if self.local else []
+        leftovers = self.leftovers(net).own() if self.local and not active else []
         self.tracker.act("undefine", self.service.undefine, net)
         for description, clear in leftovers:
             self.tracker.act(description, clear)

@@ -54,6 +54,14 @@ class Leftovers:
         self.own_bridge = own_bridge
         self.others = others
         self.run_command = run_command
+        self._dnsmasqs: Optional[Dict[str, List[int]]] = None
+
+    @property
+    def dnsmasqs(self) -> Dict[str, List[int]]:
+        """libvirt_dnsmasqs(), read from /proc once per instance."""
+        if self._dnsmasqs is None:
+            self._dnsmasqs = libvirt_dnsmasqs()
+        return self._dnsmasqs
 
     def blocking(self, message: str) -> List[Tuple[str, Clear]]:
         """(description, clear) for each leftover when ``message`` (libvirt's, from a failed
@@ -69,7 +77,7 @@ class Leftovers:
     def own(self) -> List[Tuple[str, Clear]]:
         """This network's own leftovers: its dnsmasq, then its bridge (each a reported step)."""
         description = "stop dnsmasq %d (left by an unfinished start)"
-        out: List[Tuple[str, Clear]] = [self._stop(description % pid, pid) for pid in self.dnsmasq_pids({self.name})]
+        out: List[Tuple[str, Clear]] = [self._stop(description % pid, pid) for pid in self.dnsmasqs.get(self.name, [])]
         if self.own_bridge and self.bridge_is_stale():
             bridge = self.own_bridge
             out.append(("delete bridge %s (left by an unfinished start)" % bridge, lambda: self.delete_bridge(bridge)))
@@ -79,17 +87,13 @@ class Leftovers:
         """dnsmasq processes of networks libvirt does not have at all: nothing else can stop them."""
         known = {other["name"] for other in self.others} | {self.name}
         return [self._stop("stop dnsmasq %d (of network %s, which libvirt no longer has)" % (pid, network), pid)
-                for network, pids in sorted(libvirt_dnsmasqs().items()) if network not in known for pid in pids]
+                for network, pids in sorted(self.dnsmasqs.items()) if network not in known for pid in pids]
 
     def bridge_is_stale(self) -> bool:
         bridge = self.own_bridge
         in_use = {other["bridge"] for other in self.others if other.get("active")}
         ports = os.path.join(SYS_CLASS_NET, bridge or "", "brif")
         return bool(bridge) and bridge not in in_use and os.path.isdir(ports) and not os.listdir(ports)
-
-    def dnsmasq_pids(self, networks: set) -> List[int]:
-        found = libvirt_dnsmasqs()
-        return sorted(pid for network in networks for pid in found.get(network, []))
 
     def delete_bridge(self, bridge: str) -> None:
         rc, _out, errout = self.run_command(["ip", "link", "delete", bridge, "type", "bridge"])
