@@ -37,3 +37,14 @@ notes:
     reports it unchanged. A run that waits more than 30 minutes fails naming the lock and changes
     nothing. With a remote URI nothing is shared, and libvirt's own refusals are reported instead.
 '''
+
+    # Modules that change one named libvirt object: how a failure half-way is reported.
+    PARTIAL_CHANGE = r'''
+options: {}
+notes:
+  - A failure after the first side effect (a network defined whose start is then refused, a
+    domain started that gets no address in time) is reported as the partial change it is,
+    C(changed=true), the actions that completed in C(actions), the one that failed in
+    C(failed_action), and the message ends by naming what was already done. A failure before
+    any side effect reports C(changed=false), and nothing was changed.
+'''

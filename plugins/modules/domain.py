@@ -354,6 +354,7 @@ options:
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
+  - mlinfra.kvm.libvirt.partial_change
 notes:
   - Changes that need a restart on a running domain - virt type, machine, architecture, maximum memory,
     maximum vCPUs, CPU, pinning, NUMA, hugepages, firmware, boot order, hypervisor hiding, cdroms,

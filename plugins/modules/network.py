@@ -121,6 +121,7 @@ notes:
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
+  - mlinfra.kvm.libvirt.partial_change
 author:
   - mlinfra.kvm contributors (@mlinfra)
 '''

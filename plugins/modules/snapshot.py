@@ -87,6 +87,7 @@ options:
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
+  - mlinfra.kvm.libvirt.partial_change
 seealso:
   - module: mlinfra.kvm.snapshot_info
 author:

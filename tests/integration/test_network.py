@@ -364,3 +364,24 @@ def test_failed_start_restores_the_previous_definition_kernel_refuses_the_bridge
     assert net_xml_fields(net_args["name"], True) == before
     again = run_module("network", net_args)
     assert not again["failed"] and again["changed"] is False and again["restart_required"] is False, again
+
+
+def test_a_new_network_whose_start_fails_reports_the_define_it_did(net_args, prefix, run_module):
+    """A single network defined, then refused its start (the kernel refuses a bridge named
+    'all', which no pre-check predicts): the run did change something, and its failure says so
+    (ObjectRunner's partial report; before, this read changed=false). The next run has only the
+    start left to do: when that fails again, nothing changed."""
+    bad = dict(net_args, bridge="all")
+    predicted = run_module("network", bad, check=True)
+    assert not predicted["failed"] and predicted["actions"] == ["define", "start"], predicted
+    result = run_module("network", bad)
+    assert result["failed"] and result["changed"] is True, result
+    assert result["actions"] == ["define"] and result["failed_action"] == "start", result
+    assert result["msg"].endswith("(already done: define)") and result["libvirt_message"], result
+    assert net_xml_fields(net_args["name"], True)[1] == "all" and not is_active(net_args["name"])
+    again = run_module("network", bad)
+    assert again["failed"] and again["changed"] is False and "already done" not in again["msg"], again
+    good = dict(net_args, bridge="mlkf" + prefix.split("-")[2][:6])
+    fixed = run_module("network", good)
+    assert not fixed["failed"] and fixed["actions"] == ["redefine", "start"] and is_active(net_args["name"]), fixed
+    assert run_module("network", good)["changed"] is False

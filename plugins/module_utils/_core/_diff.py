@@ -7,7 +7,10 @@ Modules record every field they compared (``add``) and every action they decided
 (``action``). ``changed`` is true when a field differs or an action is planned, which is
 why check mode can predict a real run exactly: both take the same decisions, only the
 real run then performs the actions. ``act`` is that guard, written once: it records an
-action and performs its side effect unless the tracker was made for check mode.
+action and performs its side effect unless the tracker was made for check mode. It also
+keeps the ledger a failure needs: which actions' effects completed (``performed``) and which
+one was running when it failed (``failed_action``), so that a run that fails half-way can
+say exactly what it changed.
 """
 from __future__ import annotations
 
@@ -18,6 +21,10 @@ class DifferenceTracker:
     def __init__(self, check_mode: Optional[bool] = None) -> None:
         self._diffs: List[Dict[str, Any]] = []
         self._actions: List[str] = []
+        self._performed: List[str] = []
+        # Actions whose effect is running now; innermost last (an effect may act in turn).
+        self._running: List[str] = []
+        self._failed: Optional[str] = None
         # None: the owner guards its side effects itself, and act() refuses to guess.
         self.check_mode = check_mode
 
@@ -38,7 +45,20 @@ class DifferenceTracker:
         if self.check_mode is None:
             raise TypeError("DifferenceTracker.act needs the tracker made with check_mode")
         self._actions.append(description)
-        return None if self.check_mode else effect(*args, **kwargs)
+        if self.check_mode:
+            return None
+        self._running.append(description)
+        try:
+            result = effect(*args, **kwargs)
+        except BaseException:
+            # The innermost action is the one that failed; the outer ones only fail with it.
+            if self._failed is None:
+                self._failed = description
+            raise
+        finally:
+            self._running.pop()
+        self._performed.append(description)
+        return result
 
     @property
     def changed(self) -> bool:
@@ -51,6 +71,16 @@ class DifferenceTracker:
     @property
     def actions(self) -> List[str]:
         return list(self._actions)
+
+    @property
+    def performed(self) -> List[str]:
+        """The actions whose side effect completed (a real run; check mode performs none)."""
+        return list(self._performed)
+
+    @property
+    def failed_action(self) -> Optional[str]:
+        """The action whose side effect raised, if one did."""
+        return self._failed
 
     def fields(self) -> List[str]:
         return [d["name"] for d in self._diffs]

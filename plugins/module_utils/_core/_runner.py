@@ -3,16 +3,23 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What every object runner starts from (pool, network, volume, snapshot, domain).
 
-A runner reads one object through its service (the only code that talks to the object's API),
-compares it with the request, decides, and performs each side effect through
-``self.tracker.act``, which skips the call in check mode: so check mode and a real run take
+One sequence for all five kinds (``run``): validate the request, then ``converge`` (read the
+object through its service, the only code that talks to its API; compare with the request;
+perform each side effect through ``self.tracker.act``, which skips the call in check mode; read
+the result back or predict it) and return the report. Check mode and a real run therefore take
 the same decisions and report the same actions.
+
+A failure after the first side effect is a partial change, and ``run`` reports it as one for
+every kind alike: ``changed=true``, ``actions`` (what completed), ``failed_action`` and the
+message saying what was already done. A kind's own error that already describes what it did
+(``actions`` in its details) is left as it is.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from ._diff import DifferenceTracker
+from ._errors import KvmError, LibvirtCallError, error_of, is_libvirt_error
 
 
 class ObjectRunner:
@@ -28,6 +35,51 @@ class ObjectRunner:
         """Check mode, as the tracker that guards the side effects knows it (one place)."""
         return bool(self.tracker.check_mode)
 
+    # -- the sequence -----------------------------------------------------------------------
+    def run(self) -> Dict[str, Any]:
+        """validate -> converge (read, compare, act, report); a failure after a side effect
+        is reported as the partial change it is."""
+        self.validate()
+        try:
+            return self.converge()
+        except KvmError as err:
+            self.report_partial(err)
+            raise
+        except Exception as exc:  # pylint: disable=broad-except
+            if not is_libvirt_error(exc) or not self.done_so_far():
+                raise
+            # A libvirt call outside a service's call() (libvirtd gone mid-run): libvirt's own
+            # words, with what this run had already done.
+            found = error_of(exc)
+            err = LibvirtCallError("performing '%s'" % (self.tracker.failed_action or "a read after the changes"),
+                                   found["code"], found["message"])
+            self.report_partial(err)
+            raise err from exc
+
+    def validate(self) -> None:
+        """Refuse bad input before anything is read or changed (each kind adds its checks)."""
+
+    def converge(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    # -- partial changes --------------------------------------------------------------------
+    def done_so_far(self) -> List[str]:
+        """What this run has changed, in the words its report uses (a kind with finer steps,
+        such as volume's import, says them)."""
+        return self.tracker.performed
+
+    def report_partial(self, err: KvmError) -> None:
+        """Mark ``err`` as a partial change when something was done before it."""
+        done = self.done_so_far()
+        if self.check or not done or "actions" in err.details:
+            return
+        err.details["changed"] = True
+        err.details["actions"] = self.tracker.performed
+        if self.tracker.failed_action is not None:
+            err.details["failed_action"] = self.tracker.failed_action
+        err.msg = "%s (already done: %s)" % (err.msg, "; ".join(done))
+
+    # -- the report -------------------------------------------------------------------------
     def with_diff(self, result: Dict[str, Any], before: Optional[Dict[str, Any]],
                   after: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         """``result`` with Ansible's ``diff`` added when diff mode is on."""

@@ -50,16 +50,9 @@ class DomainRunner(ObjectRunner):
         self.after: Dict[str, Any] = {}
 
     # ------------------------------------------------------------------ entry point
-    def run(self) -> Dict[str, Any]:
-        try:
-            return self._run()
-        except KvmError as err:
-            # A failure after side effects (a start, then no IP in time) must say changed.
-            err.details.setdefault("changed", bool(self.service.performed))
-            err.details.setdefault("actions", self.tracker.actions)
-            raise
-
-    def _run(self) -> Dict[str, Any]:
+    def converge(self) -> Dict[str, Any]:
+        # A failure after side effects (a start, then no IP in time) is reported by
+        # ObjectRunner.run as the partial change it is.
         name = object_name("name", self.params["name"])
         dom = self.service.lookup(name)
         state, reason = self.service.state_and_reason(dom) if dom is not None else ("absent", "")
@@ -123,11 +116,13 @@ class DomainRunner(ObjectRunner):
             self.apply_live(dom, field, actual[field], desired[field])
         rest = [f for f in diffs if f not in live]
         if rest:
-            self.tracker.action("redefine (%s; applied at the next start)" % ", ".join(rest))
+            self.tracker.act("redefine (%s; applied at the next start)" % ", ".join(rest),
+                             self.redefine_rest, dom, desired, rest)
             self.restart_required = True
-            if not self.check:
-                # Re-read: the live changes above were written into the config too.
-                self.service.define(apply_fields(self.service.inactive_root(dom), desired, rest))
+
+    def redefine_rest(self, dom: Any, desired: Dict[str, Any], rest: List[str]) -> None:
+        # Re-read: the live changes made just before were written into the config too.
+        self.service.define(apply_fields(self.service.inactive_root(dom), desired, rest))
 
     def can_apply_live(self, field: str, diffs: List[str], existing: Any, desired: Dict[str, Any]) -> bool:
         if field not in LIVE_FIELDS:
@@ -236,10 +231,9 @@ class DomainRunner(ObjectRunner):
         if current == "paused":
             # A paused guest cannot see the ACPI request.
             self.tracker.act("resume (to shut down)", self.service.resume, dom)
-        self.tracker.action("shutdown")
+        self.tracker.act("shutdown", self.service.request_shutdown, dom)
         if self.check:
-            return "shutoff"
-        self.service.request_shutdown(dom)
+            return "shutoff"  # nothing to wait for
         timeout = self.params["shutdown_timeout"]
         if self.service.wait_shutoff(dom, timeout):
             return "shutoff"
@@ -247,9 +241,8 @@ class DomainRunner(ObjectRunner):
             raise KvmError(
                 "domain %s did not shut down within %s s (option shutdown_timeout); the guest may "
                 "ignore ACPI. Set force: true to force it off after the timeout, or raise "
-                "shutdown_timeout" % (dom.name(), timeout), name=dom.name(), changed=True)
-        self.tracker.action("destroy (shutdown timed out)")
-        self.service.destroy(dom)
+                "shutdown_timeout" % (dom.name(), timeout), name=dom.name())
+        self.tracker.act("destroy (shutdown timed out)", self.service.destroy, dom)
         return "shutoff"
 
     # ------------------------------------------------------------------ absent

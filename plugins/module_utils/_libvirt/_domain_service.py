@@ -72,8 +72,6 @@ class DomainService:
         self.sysfs_root = sysfs_root
         self.sleep = sleep
         self._pci: Any = None
-        # Side effects performed so far, so that a failure half-way reports changed=true.
-        self.performed: List[str] = []
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, name: str) -> Any:
@@ -162,7 +160,6 @@ class DomainService:
     def define(self, root: Any) -> Any:
         dom = call("defining domain %s" % root.findtext("name"), self.conn.defineXML,
                    to_string(root))
-        self.performed.append('define')
         return dom
 
     def undefine(self, dom: Any) -> None:
@@ -170,32 +167,25 @@ class DomainService:
                  | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
                  | libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
         call("undefining %s" % dom.name(), dom.undefineFlags, flags)
-        self.performed.append('undefine')
 
     def set_autostart(self, dom: Any, value: bool) -> None:
         call("setting autostart of %s" % dom.name(), dom.setAutostart, 1 if value else 0)
-        self.performed.append('set_autostart')
 
     def start(self, dom: Any, paused: bool = False) -> None:
         flags = libvirt.VIR_DOMAIN_START_PAUSED if paused else 0
         call("starting %s" % dom.name(), dom.createWithFlags, flags)
-        self.performed.append('start')
 
     def resume(self, dom: Any) -> None:
         call("resuming %s" % dom.name(), dom.resume)
-        self.performed.append('resume')
 
     def suspend(self, dom: Any) -> None:
         call("pausing %s" % dom.name(), dom.suspend)
-        self.performed.append('suspend')
 
     def destroy(self, dom: Any) -> None:
         call("forcing %s off" % dom.name(), dom.destroy)
-        self.performed.append('destroy')
 
     def request_shutdown(self, dom: Any) -> None:
         call("asking %s to shut down" % dom.name(), dom.shutdown)
-        self.performed.append('request_shutdown')
 
     def wait_shutoff(self, dom: Any, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -213,22 +203,18 @@ class DomainService:
     def set_vcpus(self, dom: Any, count: int) -> None:
         call("setting %d vCPUs on %s" % (count, dom.name()), dom.setVcpusFlags, count,
              self.live_flags())
-        self.performed.append('set_vcpus')
 
     def set_memory(self, dom: Any, kib: int) -> None:
         call("setting the memory of %s to %d KiB" % (dom.name(), kib), dom.setMemoryFlags, kib,
              self.live_flags())
-        self.performed.append('set_memory')
 
     def attach(self, dom: Any, el: Any) -> None:
         call("attaching a device to %s" % dom.name(), dom.attachDeviceFlags, to_string(el),
              self.live_flags())
-        self.performed.append('attach')
 
     def detach(self, dom: Any, el: Any) -> None:
         call("detaching a device from %s" % dom.name(), dom.detachDeviceFlags, to_string(el),
              self.live_flags())
-        self.performed.append('detach')
 
     def set_metadata(self, dom: Any, value: Dict[str, str], live: bool) -> None:
         flags = self.live_flags() if live else libvirt.VIR_DOMAIN_AFFECT_CONFIG
@@ -243,13 +229,11 @@ class DomainService:
         call("setting the metadata of %s" % dom.name(), dom.setMetadata,
              libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, MLINFRA_PREFIX if value else None,
              MLINFRA_NS, flags)
-        self.performed.append('set_metadata')
 
     def set_description(self, dom: Any, value: Optional[str], live: bool) -> None:
         flags = self.live_flags() if live else libvirt.VIR_DOMAIN_AFFECT_CONFIG
         call("setting the description of %s" % dom.name(), dom.setMetadata,
              libvirt.VIR_DOMAIN_METADATA_DESCRIPTION, value or None, None, None, flags)
-        self.performed.append('set_description')
 
     # ------------------------------------------------------------------ addresses
     def lease_addresses(self, dom: Any) -> List[Dict[str, str]]:

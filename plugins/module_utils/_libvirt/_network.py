@@ -386,12 +386,16 @@ class NetworkRunner(ObjectRunner):
         super().__init__(module, service, local)
         # Check mode cannot read the result back: ensure_defined predicts what waits for a restart.
         self.predicted_pending: List[str] = []
+        self.request: Dict[str, Any] = {}
 
-    def run(self) -> Dict[str, Any]:
+    def validate(self) -> None:
+        object_name("name", self.params["name"])
+        self.request = validated_request(self.params, self.local) if self.params["state"] != "absent" else {}
+
+    def converge(self) -> Dict[str, Any]:
         p = self.params
         name = p["name"]
-        object_name("name", name)
-        request = validated_request(p, self.local) if p["state"] != "absent" else {}
+        request = self.request
         net = self.service.get(name)
         before = self.service.describe(net, name)
         if p["state"] == "absent":
@@ -466,9 +470,9 @@ class NetworkRunner(ObjectRunner):
             # Before the redefine: a refused restart must leave the definition untouched too.
             self.guard_restart(net, merged)
         root = X.parse(self.service.xml(net, inactive=True))
-        self.tracker.action("redefine")
-        if not self.check:
-            net = self.service.define(build_xml(name, merged, net.UUIDString(), X.attr(root, "mac", "address")))
+        defined = self.tracker.act("redefine", self.service.define,
+                                   build_xml(name, merged, net.UUIDString(), X.attr(root, "mac", "address")))
+        net = defined if defined is not None else net  # check mode: nothing was redefined
         if active and self.params["restart"]:
             self.restart(net)
         elif active:
@@ -497,20 +501,17 @@ class NetworkRunner(ObjectRunner):
         return os.listdir("/sys/class/net") if self.local and os.path.isdir("/sys/class/net") else None
 
     def restart(self, net: Any) -> None:
-        self.tracker.action("restart")
         self.predicted_pending = []
-        if self.check:
-            return
+        self.tracker.act("restart", self.stop_and_start, net)
+
+    def stop_and_start(self, net: Any) -> None:
+        """Stop, start with the new definition; if that start fails, the previous one comes back."""
         # What runs now, to come back to if the new definition fails to start after the stop.
         running_xml = self.service.xml(net, inactive=False)
         try:
             self.service.stop(net)
         except KvmError as err:
-            done = self.tracker.actions[:-1]  # a redefine before the stop did happen
-            if done:
-                err.details.update(changed=True, actions=done)
-                err.msg = "%s (already done: %s; the network still runs its previous definition)" % (
-                    err.msg, ", ".join(done))
+            err.msg = "%s; the network still runs its previous definition" % err.msg
             raise
         try:
             self.service.start(net)
@@ -520,7 +521,7 @@ class NetworkRunner(ObjectRunner):
     def roll_back(self, net: Any, running_xml: str, err: LibvirtCallError) -> None:
         """Put the previous definition back and start it; then fail with libvirt's message."""
         name, why = self.params["name"], err.details.get("libvirt_message")
-        done = self.tracker.actions[:-1] + ["stop", "start (failed)", "restore previous definition"]
+        done = self.tracker.performed + ["stop", "start (failed)", "restore previous definition"]
         try:
             net = self.service.define(running_xml)
             self.service.start(net)
@@ -578,15 +579,10 @@ class NetworkRunner(ObjectRunner):
             leftovers = self.leftovers(net).blocking(str(err.details.get("libvirt_message")))
             if not leftovers:
                 raise
-            done: List[str] = []
-            try:
-                for description, clear in leftovers + [("start again", lambda: self.service.start(net))]:
-                    self.tracker.act(description, clear)
-                    done.append(description)
-            except KvmError as failure:
-                # What was cleared stays cleared: a partial change, reported as one.
-                failure.details.update(changed=bool(done), actions=done)
-                raise
+            # What is cleared stays cleared: a failure from here on is a partial change, which
+            # run() reports with the actions the tracker saw complete.
+            for description, clear in leftovers + [("start again", lambda: self.service.start(net))]:
+                self.tracker.act(description, clear)
 
     def leftovers(self, net: Any) -> Leftovers:
         others = self.service.other_networks(net.name())

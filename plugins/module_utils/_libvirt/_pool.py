@@ -201,13 +201,12 @@ class PoolRunner(ObjectRunner):
             return bool(self.params["build"]) and not os.path.exists(spec["target"])
         return self.local and not os.path.isdir(spec["target"])
 
-    def run(self) -> Dict[str, Any]:
-        self.validate()
+    def converge(self) -> Dict[str, Any]:
         name = self.params["name"]
         pool = self.service.get(name)
         before = self.service.describe(pool)
         if self.params["state"] == "absent":
-            self.absent_reporting_partial(pool)
+            self.ensure_absent(pool)
         else:
             pool = self.ensure_present(pool, before)
         after = self.predict_after(before) if self.check else self.service.describe(self.service.get(name))
@@ -227,18 +226,12 @@ class PoolRunner(ObjectRunner):
             diff_before["volumes"], diff_after["volumes"] = list(self.purged), []
         return self.with_diff(result, diff_before, diff_after)
 
-    def absent_reporting_partial(self, pool: Optional[Any]) -> None:
-        """ensure_absent; a failure after the first side effect says what was done."""
-        try:
-            self.ensure_absent(pool)
-        except KvmError as err:
-            # Every action is recorded just before it runs: all but the last one happened.
-            done = self.tracker.actions[:-1]
-            if done and not self.check:
-                err.details.update(changed=True, actions=done, failed_action=self.tracker.actions[-1],
-                                   purged=[a[len("delete volume "):] for a in done if a.startswith("delete volume ")])
-                err.msg = "%s (already done: %s)" % (err.msg, ", ".join(done))
-            raise
+    def report_partial(self, err: KvmError) -> None:
+        """The common partial report, plus the volumes a purge had already deleted."""
+        super().report_partial(err)
+        if err.details.get("changed") and self.purged is not None:
+            err.details["purged"] = [a[len("delete volume "):] for a in self.tracker.performed
+                                     if a.startswith("delete volume ")]
 
     def predict_after(self, before: Dict[str, Any]) -> Dict[str, Any]:
         after = dict(before)
@@ -281,12 +274,11 @@ class PoolRunner(ObjectRunner):
         """Delete every volume (each lands in ``purged`` just before its deletion)."""
         self.purged = []
         if not pool.isActive():
-            self.tracker.action("start (to purge volumes)")
+            self.tracker.act("start (to purge volumes)", self.service.start, pool)
             if self.check:
                 # Listing needs a running pool; predict from the directory where we can.
                 self.delete_in_turn(pool, self.predicted_volumes(pool))
                 return
-            self.service.start(pool)
         self.delete_in_turn(pool, sorted(vol.name() for vol in self.service.volumes(pool)))
         if not self.check:
             self.delete_volumes_made_meanwhile(pool)

@@ -261,9 +261,8 @@ class SnapshotRunner(ObjectRunner):
             raise InvalidInputError("description", p["description"], "contains the metadata marker line",
                                     "remove '%s' from the description" % METADATA_MARKER)
 
-    # -- run --------------------------------------------------------------------------------
-    def run(self) -> Dict[str, Any]:
-        self.validate()
+    # -- converge ---------------------------------------------------------------------------
+    def converge(self) -> Dict[str, Any]:
         dom = load_domain(self.service, self.params["domain"])
         name = self.params["name"]
         snap = self.service.get(dom, name)
@@ -287,12 +286,13 @@ class SnapshotRunner(ObjectRunner):
         changed = compare(self.tracker, before, wanted)
         after = dict(before, **wanted)
         if changed:
-            self.tracker.action("update description/metadata")
-            if not self.check:
-                xml = with_description(self.service.xml(snap),
-                                       encode_description(wanted["description"], wanted["metadata"]))
-                self.service.redefine(dom, xml, before["current"])
+            self.tracker.act("update description/metadata", self.redefine_description, dom, snap, wanted,
+                             before["current"])
         return after
+
+    def redefine_description(self, dom: Any, snap: Any, wanted: Dict[str, Any], current: bool) -> None:
+        xml = with_description(self.service.xml(snap), encode_description(wanted["description"], wanted["metadata"]))
+        self.service.redefine(dom, xml, current)
 
     def create(self, dom: Any) -> Dict[str, Any]:
         p = self.params
@@ -320,16 +320,16 @@ class SnapshotRunner(ObjectRunner):
         description = encode_description(p["description"], p["metadata"] or {})
         kind = "internal checkpoint (disks + RAM)" if live else "internal disk snapshot"
         self.tracker.add("state", "absent", "present")
-        self.tracker.action("create %s" % kind)
         # A checkpoint covers every writable disk by itself (qemu savevm); only the inactive
         # (qemu-img) path needs the per-disk list to skip cdroms.
         xml = build_snapshot_xml(p["name"], description, None if live else plan, with_memory=live)
-        if self.check:
-            predicted = describe_snapshot_xml(xml)
-            predicted.update(domain_state=domain_state, current=True, memory="internal" if live else "no")
-            return predicted
-        snap = self.service.create(dom, xml)
-        return self.service.describe(snap)
+        snap = self.tracker.act("create %s" % kind, self.service.create, dom, xml)
+        if snap is not None:
+            return self.service.describe(snap)
+        # Check mode: what the snapshot will be.
+        predicted = describe_snapshot_xml(xml)
+        predicted.update(domain_state=domain_state, current=True, memory="internal" if live else "no")
+        return predicted
 
     def ensure_absent(self, snap: Optional[Any], before: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
         if snap is None:

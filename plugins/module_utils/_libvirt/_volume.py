@@ -218,10 +218,14 @@ class VolumeRunner(ObjectRunner):
         self.changes: List[str] = []
         # The temporary volume an interrupted import left, found by run(); None once handled.
         self.leftover: Optional[Any] = None
+        self.capacity: Optional[int] = None  # the capacity option in bytes, once validated
 
-    def run(self) -> Dict[str, Any]:
+    def validate(self) -> None:
+        self.capacity = validate_params(self.params)
+
+    def converge(self) -> Dict[str, Any]:
         p = self.params
-        capacity = validate_params(p)
+        capacity = self.capacity
         pool = self.service.pool(p["pool"])
         if pool is None and p["state"] == "absent":
             # No pool, no volume: a teardown that runs twice must not fail the second time.
@@ -238,17 +242,13 @@ class VolumeRunner(ObjectRunner):
         before = self.service.describe(p["pool"], vol)
         users: Optional[List[str]] = None
         self.leftover = self.service.volume(pool, partial_name(p["name"]))
-        try:
-            if p["state"] == "absent":
-                users = self.delete(vol)
-            elif vol is None:
-                self.create(pool, capacity)
-            else:
-                self.update(vol, before, capacity)
-            self.remove_leftover()  # after the checks above, so that a refusal changes nothing
-        except KvmError as err:
-            self.report_partial(err)
-            raise
+        if p["state"] == "absent":
+            users = self.delete(vol)
+        elif vol is None:
+            self.create(pool, capacity)
+        else:
+            self.update(vol, before, capacity)
+        self.remove_leftover()  # after the checks above, so that a refusal changes nothing
         after = dict(before)
         after.update(self.tracker.get_after())
         xml = ""
@@ -265,11 +265,16 @@ class VolumeRunner(ObjectRunner):
         """Record a change made to the host, for the report of a later failure."""
         self.changes.append(what)
 
+    def done_so_far(self) -> List[str]:
+        """An import is one action made of steps (temporary volume, copy, clean-up): its ledger
+        says which of them happened; without one, the actions that completed."""
+        return list(self.changes) or self.tracker.performed
+
     def report_partial(self, err: KvmError) -> None:
-        """A failure after a change says changed=true and lists what was done."""
-        if self.changes and not self.check:
-            err.details.update(changed=True, done=list(self.changes))
-            err.msg = "%s (already done: %s)" % (err.msg, "; ".join(self.changes))
+        """The common partial report, plus ``done`` (the documented list of host changes)."""
+        super().report_partial(err)
+        if err.details.get("changed"):
+            err.details["done"] = self.done_so_far()
 
     def remove_leftover(self) -> None:
         """Delete the temporary volume an interrupted import left (any state, any run for this name).
@@ -282,10 +287,11 @@ class VolumeRunner(ObjectRunner):
         if leftover is None:
             return
         name = partial_name(self.params["name"])
-        self.tracker.action("delete leftover partial import %s" % name)
-        if not self.check:
-            self.service.delete(leftover)
-            self.done("deleted leftover partial import %s" % name)
+        self.tracker.act("delete leftover partial import %s" % name, self.delete_leftover, leftover, name)
+
+    def delete_leftover(self, leftover: Any, name: str) -> None:
+        self.service.delete(leftover)
+        self.done("deleted leftover partial import %s" % name)
 
     # -- delete -----------------------------------------------------------------------------
     def delete(self, vol: Optional[Any]) -> Optional[List[str]]:
@@ -383,11 +389,10 @@ class VolumeRunner(ObjectRunner):
         self.tracker.add("format", None, fmt)
         self.tracker.add("capacity", None, final_capacity)
         self.remove_leftover()
-        self.tracker.action("import %s" % path)
+        self.tracker.act("import %s" % path, self.import_verified, pool, path, size, fmt, virtual, final_capacity)
         if final_capacity > virtual:
+            # Part of the import above: its temporary volume is grown before the copy is made.
             self.tracker.action("grow to %s" % human(final_capacity))
-        if not self.check:
-            self.import_verified(pool, path, size, fmt, virtual, final_capacity)
 
     def import_verified(self, pool: Any, path: str, size: int, fmt: str, virtual: int, capacity: int) -> None:
         """Upload into NAME.mlinfra-partial, verify, then copy it to NAME and drop the temporary.
