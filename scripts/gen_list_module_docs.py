@@ -1,6 +1,6 @@
 """Write the `config` suboptions of the resource-list modules (networks, pools, volumes, domains)
 from the docs of their single-object modules (network, pool, volume, domain), so that an option is documented
-once. tests/unit/test_resource_list.py fails when the two drift apart; run this after changing
+once. tests/unit/plugins/module_utils/_libvirt/test_resource_list.py fails when the two drift apart; run this after changing
 a single-object module's options:
 
     .venv/bin/python scripts/gen_list_module_docs.py

@@ -33,8 +33,16 @@ SHARED = ROOT.parent / "shared"
 TEST_PREFIX = "mlkvmtest-"
 
 # Unit tests import the collection's Python code in-process, as ansible_collections.mlinfra.kvm.
-if str(COLLECTIONS) not in sys.path:
-    sys.path.insert(0, str(COLLECTIONS))
+# Their helpers (`from conftest import ...`, `from sysfs_builder import ...`, and a sibling test
+# file's fixtures such as `from test_ml_stage import ...`) are imported by module name: tests/,
+# tests/unit and each directory of tests/unit/plugins/ (the tree that mirrors plugins/) go on
+# sys.path. pytest's own import mode adds only a test file's own directory, and ansible-test
+# none (it imports test files as packages of the collection).
+_MIRROR = ROOT / "tests" / "unit" / "plugins"
+for _path in [COLLECTIONS, ROOT / "tests", ROOT / "tests" / "unit"] + sorted(
+        p for p in _MIRROR.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 
 def checkout_shell_env() -> Dict[str, str]:
@@ -279,13 +287,6 @@ def pytest_configure(config):  # noqa: D103 - registers the tier markers
         config.addinivalue_line("markers", "%s: %s" % (tier, description))
     config.addinivalue_line("markers", "libvirtd: an integration test that runs in the session of the files "
                             "that talk to libvirtd (set from their fixtures; tests/conftest.py)")
-    if run_by_ansible_test(config):
-        # pytest's own import mode puts each test file's directory on sys.path, which the tests'
-        # `from conftest import ...` and `from sysfs_builder import ...` rely on; ansible-test
-        # imports test files as packages of the collection instead, so the directories go here.
-        for directory in (ROOT / "tests", ROOT / "tests" / "unit"):
-            if str(directory) not in sys.path:
-                sys.path.insert(0, str(directory))
 
 
 def run_by_ansible_test(config) -> bool:

@@ -1,9 +1,17 @@
-"""The test tree itself: pytest imports test files by basename ("prepend" import mode, no
-packages under tests/), so two test files with one name in different tiers break the
-collection of every tier at once. A subset run (``pytest tests/unit``) never sees the clash;
-this test does, because it reads the whole tree."""
+"""The test tree itself.
+
+pytest imports test files by basename ("prepend" import mode, no packages under tests/), so two
+test files with one name in different tiers break the collection of every tier at once. A subset
+run (``pytest tests/unit``) never sees the clash; this test does, because it reads the whole tree.
+
+The unit tests of plugins/ live in tests/unit/plugins/, a tree that mirrors plugins/: the tests of
+plugins/module_utils/_libvirt/_network_leftovers.py are in tests/unit/plugins/module_utils/_libvirt/.
+A plugin file whose behaviour is tested elsewhere (through the module that uses it, against
+a real libvirtd, or by a gate) is listed in TESTED_THROUGH with that test file, so that a new
+plugin file without any test fails here."""
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -12,6 +20,47 @@ import pytest
 pytestmark = pytest.mark.unit
 
 TESTS = Path(__file__).resolve().parents[1]
+PLUGINS = TESTS.parent / "plugins"
+UNIT_MIRROR = TESTS / "unit" / "plugins"
+
+# Plugin files tested through another file than one in their mirror directory: what exercises them.
+ML_STAGE = "tests/unit/plugins/modules/test_ml_stage.py"
+TESTED_THROUGH = {
+    "doc_fragments/libvirt.py": "tests/unit/test_docs_gate.py",  # rendered into each libvirt module's docs
+    "doc_fragments/resource_list.py": "tests/unit/test_docs_gate.py",
+    "filter/apt_sources.py": "tests/unit/test_role_apt_mirror.py",
+    "inventory/libvirt.py": "tests/integration/test_inventory.py",
+    "module_utils/_host/_grub.py": "tests/unit/plugins/modules/test_kernel_cmdline.py",
+    "module_utils/_host/_host_usage.py": "tests/unit/plugins/modules/test_vfio_pci.py",
+    "module_utils/_host/_pci_vfio.py": "tests/unit/plugins/modules/test_vfio_pci.py",
+    "module_utils/_libvirt/_cloudinit.py": "tests/unit/plugins/modules/test_cloud_init.py",
+    "module_utils/_libvirt/_domain_read.py": "tests/integration/test_domain_info.py",
+    "module_utils/_libvirt/_libvirt.py": "tests/unit/plugins/module_utils/_core/test_foundation.py",
+    "module_utils/_libvirt/_libvirt_guards.py": "tests/integration/test_network.py",
+    "module_utils/_libvirt/_uri.py": "tests/integration/test_network.py",
+    "module_utils/_ml/_stage_code.py": ML_STAGE,
+    "module_utils/_ml/_stage_metrics.py": "tests/unit/plugins/modules/test_ml_stage_metrics.py",
+    "module_utils/_ml/_stage_mps.py": "tests/unit/plugins/modules/test_ml_stage_mps_options.py",
+    "module_utils/_ml/_stage_proc.py": ML_STAGE,
+    "module_utils/_ml/_stage_runner.py": ML_STAGE,
+    "module_utils/_ml/_stage_sign.py": "tests/unit/plugins/modules/test_ml_stage_reuse_trust.py",
+    "module_utils/_nvidia/_device_plugin.py": "tests/unit/plugins/modules/test_device_plugin_config.py",
+    "module_utils/_nvidia/_mig.py": "tests/unit/plugins/modules/test_nvidia_mig.py",
+    "module_utils/_nvidia/_mig_service.py": "tests/unit/plugins/modules/test_nvidia_mig.py",
+    "module_utils/_nvidia/_nvidia.py": "tests/unit/plugins/modules/test_nvidia_smi_info.py",
+    "modules/domain.py": "tests/integration/test_domain.py",
+    "modules/domain_info.py": "tests/integration/test_domain_info.py",
+    "modules/domains.py": "tests/integration/test_domain_list.py",
+    "modules/mlflow_user.py": "tests/integration/test_mlflow_user.py",
+    "modules/network.py": "tests/integration/test_network.py",
+    "modules/networks.py": "tests/integration/test_resource_lists.py",
+    "modules/pool.py": "tests/integration/test_pool.py",
+    "modules/pools.py": "tests/integration/test_resource_lists.py",
+    "modules/snapshot.py": "tests/integration/test_snapshot.py",
+    "modules/snapshot_info.py": "tests/integration/test_snapshot.py",
+    "modules/volume.py": "tests/integration/test_volume.py",
+    "modules/volumes.py": "tests/integration/test_resource_lists.py",
+}
 
 
 def test_test_file_basenames_are_unique_across_tiers():
@@ -22,6 +71,43 @@ def test_test_file_basenames_are_unique_across_tiers():
         by_name[path.name].append(str(path.relative_to(TESTS)))
     clashes = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
     assert not clashes, f"rename one file of each pair (pytest cannot import both): {clashes}"
+
+
+def plugin_files() -> list[str]:
+    return sorted(str(p.relative_to(PLUGINS)) for p in PLUGINS.rglob("*.py")
+                  if p.name != "__init__.py" and "__pycache__" not in p.parts)
+
+
+def has_test_in_mirror(plugin: str) -> bool:
+    """A test file in the plugin's mirror directory is named for it, or imports it (by its dotted
+    path, or by name from its package)."""
+    path = Path(plugin)
+    package = ".".join(("plugins",) + path.parent.parts)
+    pattern = re.compile(r"%s\.%s\b|from [\w.]*%s import [^\n]*\b%s\b"
+                         % (re.escape(package), path.stem, re.escape(package), path.stem))
+    mirror = UNIT_MIRROR / path.parent
+    if (mirror / ("test_%s.py" % path.stem.lstrip("_"))).is_file():
+        return True
+    return any(pattern.search(test.read_text()) for test in mirror.glob("test_*.py"))
+
+
+def test_unit_tests_of_plugins_sit_in_the_tree_that_mirrors_plugins():
+    for test in UNIT_MIRROR.rglob("test_*.py"):
+        directory = test.parent.relative_to(UNIT_MIRROR)
+        assert (PLUGINS / directory).is_dir(), "%s: plugins/%s does not exist" % (test, directory)
+    stray = [p.name for p in (TESTS / "unit").glob("test_*.py") if "plugins.module" in p.read_text()
+             and "import" in p.read_text() and p.name not in ("test_suite_layout.py",)]
+    assert not stray, "move these tests of plugins/ into tests/unit/plugins/...: %s" % stray
+
+
+def test_every_plugin_file_is_tested_in_its_mirror_directory_or_names_its_test():
+    untested = [p for p in plugin_files() if not has_test_in_mirror(p) and p not in TESTED_THROUGH]
+    assert not untested, ("give each a test in its directory under tests/unit/plugins/, or name the test "
+                          "that exercises it in TESTED_THROUGH: %s" % untested)
+    stale = [p for p in TESTED_THROUGH if p not in plugin_files() or has_test_in_mirror(p)]
+    assert not stale, "TESTED_THROUGH entries for files that are gone or now tested in their mirror: %s" % stale
+    missing = sorted({t for t in TESTED_THROUGH.values() if not (TESTS.parent / t).is_file()})
+    assert not missing, "TESTED_THROUGH names test files that do not exist: %s" % missing
 
 
 def collected_files(marker_expression: str) -> set[str]:

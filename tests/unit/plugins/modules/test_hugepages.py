@@ -1,15 +1,12 @@
 """hugepages on synthetic sysfs/proc/etc trees, plus a stingy-kernel service seam for short grants."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from conftest import COLLECTIONS, four_ways, run_module_process  # noqa: E402
 from sysfs_builder import SysfsTree  # noqa: E402

@@ -11,8 +11,6 @@ from typing import Any, Dict
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from conftest import SHARED, four_ways, run_module_process  # noqa: E402
 from sysfs_builder import BRIDGE, EDU, GPU, GPU_AUDIO, VGA, VGA_AUDIO, FakeKernel, SysfsTree, gpu_host  # noqa: E402

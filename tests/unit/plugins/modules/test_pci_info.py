@@ -5,14 +5,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from conftest import SHARED, run_module_process  # noqa: E402
 from sysfs_builder import BRIDGE, EDU, GPU, GPU_AUDIO, VGA, VGA_AUDIO, SysfsTree, gpu_host  # noqa: E402

@@ -10,7 +10,6 @@ from typing import Any, Dict, List
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from conftest import four_ways, run_module_process  # noqa: E402
 

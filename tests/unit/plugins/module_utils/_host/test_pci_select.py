@@ -1,6 +1,7 @@
 """One PCI selector grammar (module_utils/_host/_pci_select): vfio_pci's devices, domain's hostdevs,
-pci_info's per-GPU selector, the gpu_hostdev and pci_selector filters and the hypervisor role's
-hypervisor_vfio_devices all parse and resolve entries the same way.
+pci_info's per-GPU selector, the gpu_hostdev and pci_selector filters (their tests:
+tests/unit/plugins/filter/test_gpus.py) and the hypervisor role's hypervisor_vfio_devices all
+parse and resolve entries the same way.
 
 The round trip runs the real modules on one synthetic host with two identical GPUs: the selector
 pci_info reports for the second GPU names that GPU (and its audio function) in vfio_pci's plan
@@ -8,22 +9,16 @@ and in the domain module's, both in check mode."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any, List
 
 import pytest
-from ansible.errors import AnsibleFilterError
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from conftest import run_module_process  # noqa: E402
 from sysfs_builder import GPU, GPU_AUDIO, SysfsTree, gpu_host  # noqa: E402
 from test_roles_static import failures, run_playbook  # noqa: E402
 
-from ansible_collections.mlinfra.kvm.plugins.filter.gpus import gpu_hostdev, pci_selector  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci import PciDevice  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci_select import (  # noqa: E402
@@ -102,23 +97,6 @@ def test_index_among_twins_inverts_resolve() -> None:
         index = index_among_twins(address, RECORDS)
         selector = parse_selector("x", {"vendor": record.vendor, "device": record.device, "index": index})
         assert selector.resolve(RECORDS, "here") == [address]
-
-
-def test_the_filters_write_entries_out_in_the_grammar() -> None:
-    assert gpu_hostdev("3b:00.0") == {"address": "0000:3b:00.0", "include_functions": True}
-    assert gpu_hostdev({"vendor": "10DE", "device": "2335"}) == {
-        "vendor": "10de", "device": "2335", "index": 0, "include_functions": True}
-    assert gpu_hostdev("10de:2335", include_functions=False) == {
-        "vendor": "10de", "device": "2335", "index": 0, "include_functions": False}
-    assert pci_selector("10de:2335") == {"vendor": "10de", "device": "2335", "include_functions": False}
-    assert pci_selector({"vendor": "10de", "device": "2335", "index": 1}, "v") == {
-        "vendor": "10de", "device": "2335", "index": 1, "include_functions": False}
-    with pytest.raises(AnsibleFilterError) as err:
-        gpu_hostdev({"address": "nonsense"})
-    assert "option gpu entry.address: value 'nonsense' is not a PCI address" in str(err.value)
-    with pytest.raises(AnsibleFilterError) as err:
-        pci_selector(["10de"], "hypervisor_vfio_devices")
-    assert "option hypervisor_vfio_devices: value ['10de'] is neither a string nor a dict" in str(err.value)
 
 
 def test_pci_info_selector_names_the_same_gpu_in_vfio_pci_and_domain(tmp_path: Path) -> None:

@@ -6,15 +6,11 @@ The rule table runs on records; the agreement test runs the real pci_info and do
 must give the same verdict and name the same blocking devices."""
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Callable, List
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from conftest import run_module_process  # noqa: E402
 from sysfs_builder import BRIDGE, GPU, GPU_AUDIO, SysfsTree, gpu_host  # noqa: E402
