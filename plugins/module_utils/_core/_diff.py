@@ -22,8 +22,6 @@ class DifferenceTracker:
         self._diffs: List[Dict[str, Any]] = []
         self._actions: List[str] = []
         self._performed: List[str] = []
-        # Actions whose effect is running now; innermost last (an effect may act in turn).
-        self._running: List[str] = []
         self._failed: Optional[str] = None
         # None: the owner guards its side effects itself, and act() refuses to guess.
         self.check_mode = check_mode
@@ -47,16 +45,14 @@ class DifferenceTracker:
         self._actions.append(description)
         if self.check_mode:
             return None
-        self._running.append(description)
         try:
             result = effect(*args, **kwargs)
         except BaseException:
-            # The innermost action is the one that failed; the outer ones only fail with it.
+            # An effect may act in turn: the innermost action records its failure first, and
+            # the outer ones, which only fail with it, leave that record as it is.
             if self._failed is None:
                 self._failed = description
             raise
-        finally:
-            self._running.pop()
         self._performed.append(description)
         return result
 

@@ -674,10 +674,8 @@ class StageRunner:
                         git_info: Dict[str, Any], hasher: Hasher, manifest: Dict[str, Any],
                         metrics: Dict[str, float], cmd_started: float, duration: float) -> Dict[str, Any]:
         """The lock and manifest written, the hash cache saved, the MLflow run ended FINISHED."""
-        mlflow = None
-        if tracker and tracker.run_id:
-            mlflow = {k: result["mlflow"][k] for k in ("run_id", "experiment_id", "tracking_uri")}
-        lock_doc, manifest = self._lock_doc(key, inputs, git_info, hasher, manifest, mlflow,
+        # The run the command logged to, as _run_command recorded it (None when untracked).
+        lock_doc, manifest = self._lock_doc(key, inputs, git_info, hasher, manifest, self._run_mlflow,
                                             metrics, cmd_started=cmd_started, duration=duration)
         self.files.write(lock_doc, manifest)
         hasher.cache.save()
