@@ -3,21 +3,15 @@
 # failure in a fast tier is reported before the slow ones start. pytest's exit status 5
 # ("no tests collected") fails the run: every tier must hold tests.
 #
-#   scripts/run-tests.sh unit+gates integration vm+gpu_host lab+~container
+#   scripts/run-tests.sh unit integration+container vm+gpu_host lab
 #
 # "a+b" runs tiers side by side (separate pytest sessions; test objects carry each session's
 # pid, so neither cleans up the other's): the first streams its output, the others go to
-# $MLKVM_REPORT_DIR/<tier>.log and are printed when they end. A side tier written "~name" runs
-# at low CPU priority (nice 10): it takes the cores the others leave idle and little else, for
-# a tier off the critical path beside one that waits a lot (the lab tier's waits on emulated
-# guests, alerts and reboots left 13 % of the machine idle).
+# $MLKVM_REPORT_DIR/<tier>.log and are printed when they end.
 #
 # When guest tiers (vm, lab) follow the fast ones, their images are built in the background
-# meanwhile (scripts/prebuild-images.sh; MLKVM_PREBUILD=0 turns that off), also at nice 10: the
-# unit tier alone keeps a core busy, and it, not the build, is what the next tiers wait for.
-# The build goes back to normal priority when the first group with a guest tier starts (that
-# tier may be waiting for an image). The lab tier starts only after that build is done, since
-# it builds the same venv bundles.
+# meanwhile (scripts/prebuild-images.sh; MLKVM_PREBUILD=0 turns that off). The lab tier starts
+# only after that build is done, since it builds the same venv bundles.
 #
 # Each tier's wall time goes to $MLKVM_REPORT_DIR/tiers.tsv and its per-test times to
 # junit-<tier>.xml there; scripts/test-report.py prints them as one table (.ci/run does).
@@ -63,31 +57,17 @@ wait_prebuild() {  # the build records its own wall time (prebuild-images.sh); h
   prebuild_pid=""
 }
 
-LOW_PRIORITY=10   # nice value of the background image build and of "~" side tiers
-
-# A guest tier may wait for an image the background build has not finished: from then on the
-# build runs at normal priority (it leads its own process group; raising priority needs root,
-# which make setup already requires).
-prebuild_to_normal_priority() {
-  [ -n "$prebuild_pid" ] && kill -0 "$prebuild_pid" 2>/dev/null || return 0
-  if renice -n 0 -g "$prebuild_pid" >/dev/null 2>&1; then
-    echo "=== the background image build runs at normal priority from now on"
-  else
-    echo "=== could not raise the background image build's priority (not root?); it stays at nice $LOW_PRIORITY"
-  fi
-}
-
 guest_tiers=()
 fast_first=0
 case "${1:-}" in unit|unit+*|integration|integration[+-]*) fast_first=1 ;; esac
 for group in "$@"; do
   IFS=+ read -r -a parts <<<"$group"
-  for tier in "${parts[@]}"; do case "${tier#\~}" in vm|gpu_host|lab|container) guest_tiers+=("${tier#\~}") ;; esac; done
+  for tier in "${parts[@]}"; do case "$tier" in vm|gpu_host|lab|container) guest_tiers+=("$tier") ;; esac; done
 done
 if [ "${MLKVM_PREBUILD:-1}" != 0 ] && [ "$fast_first" = 1 ] && [ "${#guest_tiers[@]}" -gt 0 ] \
    && [ -z "${PYTEST_ARGS:-}" ]; then
   echo "=== building the ${guest_tiers[*]} tiers' images in the background ($REPORT_DIR/prebuild.log)"
-  setsid nice -n "$LOW_PRIORITY" scripts/prebuild-images.sh "${guest_tiers[@]}" > "$REPORT_DIR/prebuild.log" 2>&1 &
+  setsid scripts/prebuild-images.sh "${guest_tiers[@]}" > "$REPORT_DIR/prebuild.log" 2>&1 &
   prebuild_pid=$!
 fi
 
@@ -105,26 +85,23 @@ marker_expr() {
 }
 
 # Extra pytest options of a tier. The unit tier's tests are independent processes (each its own
-# tmp_path, playbook and module runs): alone it kept one core busy (386 s, 49 % of the machine;
-# with two pytest-xdist workers 208 s), and the background image build it left the other core to
-# now runs at low priority.
+# tmp_path, playbook and module runs): alone it kept one core busy (386 s, 49 % of the machine),
+# with two pytest-xdist workers it took 208 s; beside the gates and the image build, 373 s
+# instead of 470 s (stop 43's rehearsal).
 tier_args() {
   case "$1" in
     unit) echo "-n 2" ;;
   esac
 }
 
-run_tier() {  # run_tier TIER [NICENESS]: one pytest session; records its wall time; returns its status
-  local tier=$1 niceness=${2:-0} start rc elapsed cpu0 busy
-  local note=""
-  [ "$niceness" = 0 ] || note=", at nice $niceness"
-  echo "=== tier: $tier ($(date -u +%H:%M:%S)$note)"
+run_tier() {  # run_tier TIER: one pytest session; records its wall time; returns its status
+  local tier=$1 start rc elapsed cpu0 busy
+  echo "=== tier: $tier ($(date -u +%H:%M:%S))"
   start=$(date +%s)
   cpu0=$(cpu_sample)
-  # shellcheck disable=SC2086  # PYTEST_ARGS is split into words on purpose
-  # shellcheck disable=SC2046  # tier_args is split into words on purpose
-  nice -n "$niceness" .venv/bin/pytest -m "$(marker_expr "$tier")" $(tier_args "$tier") \
-    --junitxml="$REPORT_DIR/junit-$tier.xml" -o junit_family=xunit2 ${PYTEST_ARGS:-}
+  # shellcheck disable=SC2046,SC2086  # tier_args and PYTEST_ARGS are split into words on purpose
+  .venv/bin/pytest -m "$(marker_expr "$tier")" $(tier_args "$tier") --junitxml="$REPORT_DIR/junit-$tier.xml" \
+    -o junit_family=xunit2 ${PYTEST_ARGS:-}
   rc=$?
   elapsed=$(( $(date +%s) - start ))
   busy=$(busy_percent "$cpu0" "$(cpu_sample)")
@@ -133,16 +110,14 @@ run_tier() {  # run_tier TIER [NICENESS]: one pytest session; records its wall t
   return $rc
 }
 
-run_group() {  # run_group "a+b+~c...": the first in the foreground, the others beside it
-  local group=$1 first rc=0 side niceness
+run_group() {  # run_group "a+b+...": the first in the foreground, the others beside it
+  local group=$1 first rc=0 side
   local -a parts=() sides=() pids=()
   IFS=+ read -r -a parts <<<"$group"
   first=${parts[0]}
   for side in "${parts[@]:1}"; do
-    niceness=0
-    if [ "${side#\~}" != "$side" ]; then side=${side#\~}; niceness=$LOW_PRIORITY; fi
     echo "=== tier: $side runs beside $first; its output: $REPORT_DIR/$side.log"
-    run_tier "$side" "$niceness" > "$REPORT_DIR/$side.log" 2>&1 &
+    run_tier "$side" > "$REPORT_DIR/$side.log" 2>&1 &
     pids+=($!); sides+=("$side")
   done
   run_tier "$first" || rc=$?
@@ -156,8 +131,7 @@ run_group() {  # run_group "a+b+~c...": the first in the foreground, the others 
 
 status=0
 for group in "$@"; do
-  case "+${group//\~/}+" in *+vm+*|*+gpu_host+*|*+lab+*|*+container+*) prebuild_to_normal_priority ;; esac
-  case "+${group//\~/}+" in *+lab+*) wait_prebuild ;; esac
+  case "+$group+" in *+lab+*) wait_prebuild ;; esac
   rc=0
   run_group "$group" || rc=$?
   if [ "$rc" -ne 0 ]; then status=$rc; [ -n "${KEEP_GOING:-}" ] || break; fi

@@ -85,8 +85,7 @@ def test_vm_scenario(scenario, request):
     check(molecule(scenario, timeout=3600))
 
 
-# Their own tier: no TCG guest, so `make test` runs them at low priority beside the lab tier, on
-# the cores its waits leave idle (scripts/run-tests.sh).
+# Their own tier: no TCG guest, so `make test` runs them beside the integration tier (scripts/run-tests.sh).
 @pytest.mark.container
 @pytest.mark.parametrize("scenario", CONTAINER_SCENARIOS)
 def test_container_scenario(scenario, request):
