@@ -385,8 +385,11 @@ def user_data_for(public_key: str, host_private: str, host_public: str, extra: O
 def booted_guest(uri: str, prefix: str, image: Image, run_module: Callable[..., Dict[str, Any]],
                  keydir: Path, nat: bool = False, memory_mib: int = 1024, vcpus: int = 2,
                  user_data_extra: Optional[Dict[str, Any]] = None, wait: bool = True,
-                 timeout: float = BOOT_TIMEOUT):
-    """Yield a running, SSH-reachable :class:`Guest`; tear everything down on every path."""
+                 timeout: float = BOOT_TIMEOUT, start: bool = True):
+    """Yield a running, SSH-reachable :class:`Guest`; tear everything down on every path.
+
+    ``start=False`` yields it defined and never started (its disk as the image left it); the
+    test starts it (``guest.start()``, ``guest.wait_ready()``)."""
     import libvirt  # only the vm tier needs it
     # Errors are raised as exceptions anyway; the default handler would also print them.
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
@@ -435,8 +438,9 @@ def booted_guest(uri: str, prefix: str, image: Image, run_module: Callable[..., 
         stack.callback(_remove_domain, dom)
         guest = Guest(name=name, ip=ip, mac=mac, network=net_name, uri=uri, workdir=workdir,
                       serial_log=serial_log, key=key, known_hosts=known_hosts, _conn=conn)
-        dom.create()
-        if wait:
+        if start:
+            dom.create()
+        if start and wait:
             guest.boot_seconds = guest.wait_ready(timeout, restarts_on_emulator_crash=1)
         yield guest
 
