@@ -261,24 +261,6 @@ class Guest:
                 sys.stderr.write("WARNING: %s\nstarting %s again\n" % (str(exc).splitlines()[0], self.name))
                 self.start()
 
-    def shutdown(self, timeout: float = 120) -> None:
-        """Clean ACPI shutdown (the disk is consistent afterwards), polling until shut off."""
-        dom = self.domain
-        if not dom.isActive():
-            return
-        # Flush first: a snapshot taken right after must see what the test wrote.
-        self.ssh("sync", check=False, timeout=60)
-        deadline = time.monotonic() + timeout
-        while dom.isActive():
-            try:
-                dom.shutdown()
-            except Exception:  # the domain may stop between isActive() and shutdown()
-                pass
-            if time.monotonic() > deadline:
-                raise GuestError("guest %s did not shut down within %ss\n%s"
-                                 % (self.name, timeout, self.console_tail()))
-            time.sleep(2)
-
 
 def wait_lease(conn: Any, network: str, mac: str, deadline: float, guest: Guest) -> str:
     net = conn.networkLookupByName(network)
