@@ -38,8 +38,12 @@ options:
         type: path
         required: true
       mode:
-        description: Octal permission bits as a string, for example C("0750").
-        type: str
+        description:
+          - Permission bits, read as M(ansible.builtin.copy) reads its C(mode). Either a quoted string of
+            octal digits (C("0750")), a symbolic mode (C("u=rwx,g=rx,o=")), or an unquoted YAML
+            number, which YAML reads as an integer (C(0750) is 488, that is 0o750).
+          - A symbolic mode applies to the directory's current mode (to 0777 less the umask for a new one).
+        type: raw
         required: true
       owner:
         description: User name that owns the directory.
@@ -67,8 +71,12 @@ options:
         type: str
         required: true
       mode:
-        description: Octal permission bits as a string, for example C("0644").
-        type: str
+        description:
+          - Permission bits, read as M(ansible.builtin.copy) reads its C(mode). Either a quoted string of
+            octal digits (C("0644")), a symbolic mode (C("u=rw,g=r,o=")), or an unquoted YAML
+            number, which YAML reads as an integer (C(0644) is 420, that is 0o644).
+          - A symbolic mode applies to the file's current mode (to 0666 less the umask for a new one).
+        type: raw
         required: true
       owner:
         description: User name that owns the file.
@@ -82,13 +90,20 @@ options:
         description:
           - Command (an argv list, no shell) run on the new content before it replaces the file;
             one element must be C(%s), the temporary file's path. A non-zero exit fails the task
-            and leaves the file as it was.
+            and leaves the file as it was, and so does a command that does not exist or runs past
+            I(command_timeout).
           - Skipped in check mode, like M(ansible.builtin.template)'s C(validate).
         type: list
         elements: str
       tag:
         description: A label returned in C(changed_tags) when this file changes (handler topics, service names).
         type: str
+  command_timeout:
+    description:
+      - Seconds each I(validate) command may run. One that runs longer is killed (with its child
+        processes) and the task fails naming it; the file is left as it was.
+    type: int
+    default: 300
 notes:
   - Supports check mode and diff mode (one diff per changed file).
   - The content is a module argument, so set C(no_log) on a task that writes a secret.
@@ -153,17 +168,19 @@ import grp
 import os
 import pwd
 import stat
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._atomic_file import write_bytes_atomic
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._command import (
+    CommandNotFoundError, CommandTimeoutError, run_bounded)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
 
 DIRECTORY_SPEC = dict(
     path=dict(type="path", required=True),
-    mode=dict(type="str", required=True),
+    mode=dict(type="raw", required=True),
     owner=dict(type="str", default="root"),
     group=dict(type="str", default="root"),
     tag=dict(type="str"),
@@ -176,17 +193,58 @@ class ValidationFailedError(KvmError):
     """A file's validate command refused its new content; the file was left as it was."""
 
 
-def parse_mode(option: str, value: str) -> int:
-    try:
-        mode = int(value, 8)
-    except ValueError:
-        raise InvalidInputError(option, value, "is not an octal number", 'quote it as a string of octal digits, for example "0644"')
+# What a file or directory created without an explicit mode gets: the base a symbolic mode
+# applies to for a path that does not exist yet (as ansible.builtin.copy sees a new file).
+NEW_FILE_BASE, NEW_DIR_BASE = 0o666, 0o777
+
+
+class _StatLike:
+    """The one field AnsibleModule._symbolic_mode_to_octal reads."""
+
+    def __init__(self, st_mode: int) -> None:
+        self.st_mode = st_mode
+
+
+def parse_mode(option: str, value: Any) -> Union[int, str]:
+    """The mode as ansible.builtin.copy reads it (AnsibleModule.set_mode_if_different): an
+    integer is the value of the bits itself (YAML reads an unquoted 0644 as 420, which is
+    0o644), a string is octal digits or else a symbolic mode. Returns the bits, or the checked
+    symbolic string, which :func:`resolve_mode` applies to the path's current mode."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidInputError(option, value, "is not a mode", 'give octal digits as a string, for example "0644"')
+    if isinstance(value, int):
+        mode: Union[int, str] = value
+    else:
+        try:
+            mode = int(value, 8)
+        except ValueError:
+            try:
+                AnsibleModule._symbolic_mode_to_octal(_StatLike(0), value)
+            except Exception:  # pylint: disable=broad-except - ansible raises ValueError or others
+                raise InvalidInputError(option, value, "is neither an octal number nor a symbolic mode",
+                                        'quote it as a string of octal digits, for example "0644", or give a '
+                                        'symbolic mode such as "u=rw,g=r,o="')
+            return value
     if not 0 <= mode <= 0o7777:
-        raise InvalidInputError(option, value, "is outside 0000-7777", 'give permission bits only, for example "0640"')
+        raise InvalidInputError(option, value, "is outside 0000-7777",
+                                'give permission bits only, for example "0640" (an unquoted number is read as '
+                                'YAML reads it: 0644 is 420; quote the mode to avoid surprises)')
     return mode
 
 
-def check_request(directories: List[Dict[str, Any]], files: List[Dict[str, Any]]) -> List[Tuple[str, int, Dict[str, Any], int]]:
+def resolve_mode(mode: Union[int, str], current: Optional[int], is_dir: bool) -> int:
+    """The bits a parsed mode asks for: a symbolic mode applies to the current bits, or to
+    what a new file or directory gets from the umask."""
+    if isinstance(mode, int):
+        return mode
+    if current is None:
+        umask = os.umask(0)
+        os.umask(umask)
+        current = (NEW_DIR_BASE if is_dir else NEW_FILE_BASE) & ~umask
+    return stat.S_IMODE(AnsibleModule._symbolic_mode_to_octal(_StatLike(current), mode))
+
+
+def check_request(directories: List[Dict[str, Any]], files: List[Dict[str, Any]]) -> List[Tuple[str, int, Dict[str, Any], Union[int, str]]]:
     """Everything that is wrong on its face, before any path is read or written. Returns
     (kind, index, entry, mode) for the directories, then the files, in the order given."""
     request, seen = [], set()
@@ -209,9 +267,9 @@ def check_request(directories: List[Dict[str, Any]], files: List[Dict[str, Any]]
 class Target:
     """What one path (a directory or a whole file) holds now, and what must change."""
 
-    def __init__(self, kind: str, index: int, entry: Dict[str, Any], mode: int, check_mode: bool,
+    def __init__(self, kind: str, index: int, entry: Dict[str, Any], mode: Union[int, str], check_mode: bool,
                  predicted_dirs: Set[str]) -> None:
-        self.kind, self.index, self.entry, self.mode = kind, index, entry, mode
+        self.kind, self.index, self.entry = kind, index, entry
         self.option = "%s[%d]" % (kind, index)
         self.is_dir = kind == "directories"
         self.path: str = os.path.normpath(entry["path"])
@@ -240,6 +298,8 @@ class Target:
                     raise InvalidInputError(self.option + ".path", self.path, "is in a directory that does not exist",
                                             "create %s first (this module's directories, or ansible.builtin.file)" % parent)
                 self.warnings.append("%s: its directory does not exist yet; predicted as created by an earlier task" % self.path)
+        self.mode = resolve_mode(mode, None if self.before_stat is None else stat.S_IMODE(self.before_stat.st_mode),
+                                 self.is_dir)
         self.changes = self._changes()
 
     def _lookup(self, what: str, name: str, getter: Any, check_mode: bool) -> Optional[int]:
@@ -294,6 +354,9 @@ class ConfigFilesRunner:
         self.check_mode = module.check_mode
 
     def __call__(self) -> Dict[str, Any]:
+        if self.module.params["command_timeout"] < 1:
+            raise InvalidInputError("command_timeout", self.module.params["command_timeout"], "is below 1",
+                                    "give the seconds a validate command may run, for example 300")
         predicted: Set[str] = set()
         targets: List[Target] = []
         for kind, index, entry, mode in check_request(self.module.params["directories"], self.module.params["files"]):
@@ -328,7 +391,7 @@ class ConfigFilesRunner:
             result["diff"] = [t.diff() for t in done]
         return result
 
-    def _read(self, kind: str, index: int, entry: Dict[str, Any], mode: int, predicted: Set[str]) -> Target:
+    def _read(self, kind: str, index: int, entry: Dict[str, Any], mode: Union[int, str], predicted: Set[str]) -> Target:
         try:
             return Target(kind, index, entry, mode, self.check_mode, predicted)
         except OSError as exc:
@@ -358,7 +421,20 @@ class ConfigFilesRunner:
         if not argv:
             return
         argv = [tmp if arg == "%s" else arg for arg in argv]
-        rc, out, err = self.module.run_command(argv)
+        option = target.option + ".validate"
+        try:
+            rc, out, err = run_bounded(argv, timeout_s=self.module.params["command_timeout"])
+        except CommandNotFoundError as exc:
+            raise ValidationFailedError(
+                "%s: the command for %s cannot be run: %s: %s. The file was left as it was; install %s on the "
+                "host or correct %s" % (option, target.path, argv[0], exc.msg.rsplit(": ", 1)[-1], argv[0], option),
+                path=target.path, option=option, command=argv)
+        except CommandTimeoutError as exc:
+            raise ValidationFailedError(
+                "%s: the command for %s did not finish within %s s (%s) and was killed; the file was left as it "
+                "was. Fix the command or raise command_timeout"
+                % (option, target.path, self.module.params["command_timeout"], " ".join(argv)),
+                path=target.path, option=option, command=argv, timeout_s=exc.details.get("timeout_s"))
         if rc != 0:
             raise ValidationFailedError(
                 "%s: %s: the new content failed validation (%s exited %d); the file was left as it was. "
@@ -370,7 +446,8 @@ class ConfigFilesRunner:
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(directories=dict(type="list", elements="dict", default=[], options=DIRECTORY_SPEC),
-                           files=dict(type="list", elements="dict", default=[], options=FILE_SPEC)),
+                           files=dict(type="list", elements="dict", default=[], options=FILE_SPEC),
+                           command_timeout=dict(type="int", default=300)),
         supports_check_mode=True,
     )
     run(module, ConfigFilesRunner(module))

@@ -193,3 +193,59 @@ def test_a_file_where_a_directory_is_asked_is_refused(tmp_path: Path) -> None:
     got = run_module_process("config_files", {"directories": [directory(tmp_path / "state")]})
     assert got["failed"] is True and "directories[0].path" in got["msg"] and "not a directory" in got["msg"]
     assert got["changed"] is False
+
+
+# -- modes as ansible.builtin.copy reads them ----------------------------------------------------
+def test_an_unquoted_yaml_mode_is_read_as_copy_reads_it(tmp_path: Path) -> None:
+    """`mode: 0644` unquoted reaches the module as the integer 420, which is 0o644."""
+    target = tmp_path / "app.conf"
+    args = {"files": [entry(target, "x\n", mode=420)], "directories": [directory(tmp_path / "d", mode=0o750)]}
+    results = four_ways("config_files", args)
+    assert mode_of(target) == 0o644 and mode_of(tmp_path / "d") == 0o750
+    assert results["apply_again"]["changed"] is False
+    target.chmod(0o420)  # what the module used to make of it: found and corrected
+    again = run_module_process("config_files", args)
+    assert again["changed"] is True and again["files"][0]["changes"] == ["mode"] and mode_of(target) == 0o644
+
+
+def test_a_symbolic_mode_applies_to_the_current_bits(tmp_path: Path) -> None:
+    target = tmp_path / "run.sh"
+    target.write_text("x\n")
+    target.chmod(0o600)
+    args = {"files": [entry(target, "x\n", mode="u+x,g=r,o=")]}
+    got = run_module_process("config_files", args)
+    assert got["changed"] is True and mode_of(target) == 0o740, got
+    assert run_module_process("config_files", args)["changed"] is False
+
+
+@pytest.mark.parametrize("mode, needle", [
+    (True, "is not a mode"),
+    (0o17777, "outside 0000-7777"),
+    ("u=rwz", "neither an octal number nor a symbolic mode"),
+])
+def test_a_mode_that_is_no_mode_is_refused(tmp_path: Path, mode: Any, needle: str) -> None:
+    target = tmp_path / "app.conf"
+    got = run_module_process("config_files", {"files": [entry(target, "x\n", mode=mode)]})
+    assert got["failed"] is True and "files[0].mode" in got["msg"] and needle in got["msg"], got
+    assert got["changed"] is False and not target.exists()
+
+
+# -- the validate command: named when it cannot run, bounded when it hangs ------------------------
+def test_a_validate_binary_that_does_not_exist_is_named(tmp_path: Path) -> None:
+    first, target = tmp_path / "first.conf", tmp_path / "app.yml"
+    files = [entry(first, "a\n"), entry(target, "x\n", validate=["/nonexistent/promtool", "check", "%s"])]
+    got = run_module_process("config_files", {"files": files})
+    assert got["failed"] is True and "Error executing command" not in got["msg"], got
+    for needle in ("files[1].validate", str(target), "/nonexistent/promtool"):
+        assert needle in got["msg"], got["msg"]
+    assert not target.exists() and leftovers(tmp_path) == []
+    assert got["changed"] is True and got["changed_paths"] == [str(first)]
+
+
+def test_a_validate_command_that_hangs_is_killed_and_named(tmp_path: Path) -> None:
+    target = tmp_path / "app.yml"
+    hang = [sys.executable, "-c", "import time; time.sleep(120)", "%s"]
+    got = run_module_process("config_files", {"files": [entry(target, "x\n", validate=hang)], "command_timeout": 1},
+                             timeout=60)
+    assert got["failed"] is True and "files[0].validate" in got["msg"] and "within 1 s" in got["msg"], got
+    assert "command_timeout" in got["msg"] and not target.exists() and got["changed"] is False
