@@ -65,12 +65,23 @@ options:
     type: list
     elements: str
     default: [grubby]
+  command_timeout:
+    description:
+      - Seconds each I(update_grub_command) or I(grubby_command) run may take. One that runs longer
+        is killed (with its child processes) and the task fails naming it.
+    type: int
+    default: 300
 extends_documentation_fragment:
   - mlinfra.kvm.host.etc_root
   - mlinfra.kvm.host.proc_root
 notes:
   - Reads C(cmdline) and C(cpuinfo) below O(proc_root), C(os-release) below O(etc_root), and writes
     C(default/grub.d) below O(etc_root).
+  - The C(grub_dropin) backend needs C(default/grub) below O(etc_root) (the GRUB configuration
+    update-grub reads); without it the task fails before writing anything.
+  - When the update command fails after the drop-in was written, the task fails with
+    C(changed=true), the paths it wrote (C(written)), the failing command (C(cmd)), its C(rc) and
+    C(stderr); the next run runs the command again.
   - Supports check mode and diff mode.
   - The new arguments take effect at the next boot; C(reboot_required) says whether one is
     needed. The role P(mlinfra.kvm.hypervisor#role) orchestrates that reboot.
@@ -139,6 +150,13 @@ commands:
   returned: always
   type: list
   elements: list
+written:
+  description:
+    - The paths this run wrote or removed before the update command failed (the pending marker,
+      then the drop-in); the failure also carries C(cmd), C(rc) and C(stderr).
+  returned: when the update command fails
+  type: list
+  elements: str
 '''
 
 import os
@@ -147,6 +165,8 @@ from typing import Any, Dict, List, Optional
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host import _grub as grub
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._command import (
+    CommandNotFoundError, CommandTimeoutError, run_bounded)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
@@ -176,11 +196,23 @@ class CmdlineService:
         return grub.os_family(read_file(self.roots.etc("os-release")))
 
     def run_command(self, argv: List[str]) -> str:
-        rc, out, err = self.module.run_command(argv)
+        """Run a bootloader command within command_timeout; any failure names the command."""
+        timeout = self.module.params["command_timeout"]
+        try:
+            rc, out, err = run_bounded(argv, timeout_s=timeout)
+        except CommandNotFoundError as exc:
+            raise KvmError("command %s cannot be run: %s" % (argv, exc.msg.rsplit(": ", 1)[-1]), cmd=argv, rc=None,
+                           stderr="")
+        except CommandTimeoutError:
+            raise KvmError("command %s did not finish within %s s (command_timeout) and was killed" % (argv, timeout),
+                           cmd=argv, rc=None, stderr="", timeout_s=timeout)
         if rc != 0:
             raise KvmError("command %s failed with rc=%s: %s" % (argv, rc, (err or out).strip()),
                            rc=rc, stdout=out, stderr=err, cmd=argv)
         return out
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(path)
 
     def write(self, path: str, content: Optional[str]) -> None:
         if content is None:
@@ -230,6 +262,9 @@ class CmdlineRunner:
 
     def run(self) -> Dict[str, Any]:
         name = object_name("name", self.params["name"])
+        if self.params["command_timeout"] < 1:
+            raise InvalidInputError("command_timeout", self.params["command_timeout"], "is below 1",
+                                    "give the seconds update-grub or grubby may run, for example 300")
         args = self.wanted_args()
         present = self.params["state"] == "present"
         if present and not args:
@@ -265,11 +300,26 @@ class CmdlineRunner:
         result["path"] = path
         result["diff"] = {"before": before or "", "after": after or "", "before_header": path, "after_header": path}
         changed = self.tracker.add(path, before, after)
+        pending = self.regeneration_pending(name)
+        if present or changed or pending:
+            self.require_grub_defaults()
         if changed:
             self.tracker.action("%s %s" % ("remove" if after is None else "write", path))
-        if changed or self.regeneration_pending(name):
+        if changed or pending:
             self.regenerate(name, path, after, changed)
         return concerned
+
+    def require_grub_defaults(self) -> None:
+        """A drop-in is only read through /etc/default/grub (grub-mkconfig sources it, then
+        grub.d); without it update-grub fails or no GRUB reads the arguments, so nothing is
+        written."""
+        defaults = self.service.roots.etc("default", "grub")
+        if not self.service.exists(defaults):
+            raise InvalidInputError(
+                "backend", "grub_dropin", "needs %s (the GRUB settings update-grub reads, which source the drop-ins), "
+                "and it does not exist; nothing was written" % defaults,
+                "install GRUB on this host (the grub-pc or grub-efi-amd64 package creates it), or set backend: grubby "
+                "on a host whose bootloader grubby manages", path=defaults)
 
     def pending_marker(self, name: str) -> str:
         """Exists while update-grub is owed for the drop-in (written before the drop-in,
@@ -290,17 +340,22 @@ class CmdlineRunner:
         self.commands.append(command)
         if self.module.check_mode:
             return
+        written: List[str] = []
         try:
             self.service.write(marker, PENDING_NOTE % " ".join(command))
+            written.append(marker)
             if changed:
                 self.service.write(path, after)
+                written.append(path)
             self.service.run_command(command)
             self.service.write(marker, None)
         except KvmError as err:
             if os.path.exists(marker):
                 err.msg += ("; %s is %s but grub.cfg is not regenerated: the next run of this task runs %s again"
                             % (path, "removed" if after is None else "written", " ".join(command)))
-            err.details.setdefault("changed", True)
+            # The marker (and the drop-in) are on disk: that is a change, whatever failed after.
+            err.details.setdefault("changed", bool(written))
+            err.details.setdefault("written", written)
             err.details.setdefault("commands", self.commands)
             raise
 
@@ -341,6 +396,7 @@ def main() -> None:
             backend=dict(type="str", default="auto", choices=["auto", "grub_dropin", "grubby"]),
             update_grub_command=dict(type="list", elements="str", default=["update-grub"]),
             grubby_command=dict(type="list", elements="str", default=["grubby"]),
+            command_timeout=dict(type="int", default=300),
             **roots_argspec("etc_root", "proc_root"),
         ),
         supports_check_mode=True,

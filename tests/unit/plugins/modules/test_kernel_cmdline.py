@@ -140,6 +140,49 @@ def test_update_grub_failure_reported(debian: SysfsTree) -> None:
     assert result["changed"] is True, "the drop-in was written before update-grub failed"
 
 
+def grub_dir_listing(tree: SysfsTree) -> List[str]:
+    return sorted(p.name for p in (tree.etc / "default" / "grub.d").iterdir())
+
+
+def test_update_grub_failure_says_what_was_written_and_what_failed(debian: SysfsTree) -> None:
+    flaky, _log = debian.flaky_command("update-grub-flaky", failures=1, rc=7)
+    result = run_module_process("kernel_cmdline", args_for(debian, args=["iommu=pt"], update_grub_command=[str(flaky)]))
+    assert result["failed"] and result["changed"] is True, result
+    marker = str(debian.etc / "default" / "grub.d" / ".90-mlinfra-kvm.update-grub-pending")
+    assert result["written"] == [marker, str(dropin(debian))], result
+    assert result["cmd"] == [str(flaky)] and result["rc"] == 7 and "broken on purpose" in result["stderr"]
+
+
+def test_a_missing_update_grub_is_named_and_the_write_reported(debian: SysfsTree) -> None:
+    missing = str(debian.base / "bin" / "no-such-update-grub")
+    result = run_module_process("kernel_cmdline", args_for(debian, args=["iommu=pt"], update_grub_command=[missing]))
+    assert result["failed"] and "Error executing command" not in result["msg"], result
+    assert missing in result["msg"] and result["cmd"] == [missing]
+    assert result["changed"] is True and str(dropin(debian)) in result["written"]
+    assert "next run of this task runs" in result["msg"]
+
+
+def test_an_update_grub_that_hangs_is_killed_and_named(debian: SysfsTree) -> None:
+    hang = debian.base / "bin" / "update-grub-hangs"
+    hang.parent.mkdir(exist_ok=True)
+    hang.write_text("#!/bin/sh\nsleep 120\n")
+    hang.chmod(0o755)
+    result = run_module_process("kernel_cmdline", args_for(debian, args=["iommu=pt"], update_grub_command=[str(hang)],
+                                                           command_timeout=1), timeout=60)
+    assert result["failed"] and result["changed"] is True, result
+    assert str(hang) in result["msg"] and "within 1 s" in result["msg"] and result["cmd"] == [str(hang)]
+
+
+@pytest.mark.parametrize("check_mode", [True, False])
+def test_no_grub_defaults_is_refused_before_anything_is_written(debian: SysfsTree, check_mode: bool) -> None:
+    (debian.etc / "default" / "grub").unlink()
+    result = run_module_process("kernel_cmdline", args_for(debian, args=["iommu=pt"]), check=check_mode)
+    assert result["failed"] and result["changed"] is False, result
+    assert str(debian.etc / "default" / "grub") in result["msg"] and "option backend" in result["msg"]
+    assert "grubby" in result["msg"] and "install GRUB" in result["msg"]
+    assert grub_dir_listing(debian) == [] and calls(debian, "update-grub") == []
+
+
 def test_failed_update_grub_is_retried_by_the_next_run(debian: SysfsTree) -> None:
     """update-grub fails after the drop-in was written: the next run must not be a no-op."""
     flaky, log = debian.flaky_command("update-grub-flaky", failures=1)
