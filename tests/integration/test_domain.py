@@ -393,6 +393,64 @@ def test_refuses_unbounded_or_control_character_input(env, run_module, extra, op
     assert result["option"] == option and "Traceback" not in result.get("module_stderr", "")
 
 
+def host_figures(env) -> Dict[str, int]:
+    """The host's memory (MiB) and CPU count as libvirt reports them for the connection."""
+    return {"memory_mib": env["conn"].getInfo()[1], "cpus": env["conn"].getCPUMap(0)[0]}
+
+
+@pytest.mark.parametrize("kind", ["memory", "max_memory", "vcpupin", "emulatorpin"])
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
+def test_refuses_memory_or_cpus_the_host_lacks(env, run_module, kind, existing):
+    """Memory beyond the host's, or a pin to a CPU it lacks, used to be defined and then fail
+    the start (QEMU "cannot set up guest memory", cgroup "Numerical result out of range"),
+    leaving the domain defined. Refused up front, in check mode alike, naming the host's figure."""
+    host = host_figures(env)
+    too_much = "%dM" % (host["memory_mib"] + 1024)
+    extra, option, value, figure = {
+        "memory": ({"memory": too_much, "max_memory": too_much}, "memory", too_much,
+                   "host's total memory (%d MiB" % host["memory_mib"]),
+        "max_memory": ({"max_memory": too_much}, "max_memory", too_much,
+                       "host's total memory (%d MiB" % host["memory_mib"]),
+        "vcpupin": ({"cpu_pinning": {"vcpupin": [{"vcpu": 0, "cpuset": "0,%d" % host["cpus"]}]}},
+                    "cpu_pinning.vcpupin[0].cpuset", "0,%d" % host["cpus"], "host has %d CPUs" % host["cpus"]),
+        "emulatorpin": ({"cpu_pinning": {"emulatorpin": str(host["cpus"])}}, "cpu_pinning.emulatorpin",
+                        str(host["cpus"]), "host has %d CPUs" % host["cpus"]),
+    }[kind]
+    if existing:
+        assert not run_module("domain", base(env))["failed"]
+    args = base(env, state="running", **extra)
+    for check in (True, False):
+        before = inactive(env) if existing else None
+        result = run_module("domain", args, check=check)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["option"] == option and result["value"] == value, result
+        assert "option %s: value %r" % (option, value) in result["msg"] and figure in result["msg"], result["msg"]
+        assert (inactive(env) if _exists(env) else None) == before
+    if existing:
+        assert state_of(env) == libvirt.VIR_DOMAIN_SHUTOFF
+
+
+def test_failed_first_start_undefines_what_this_run_defined(env, run_module):
+    """A start that fails right after this run's define leaves nothing defined (the next run
+    would otherwise find a shut-off domain and call it converged) and says so; a domain that
+    existed before the run stays defined. An inactive network passes the define and fails the start."""
+    env["conn"].networkLookupByName(env["network"]).destroy()
+    result = run_module("domain", base(env, state="running", autostart=True))
+    assert result["failed"] and "is not active" in result["msg"], result
+    assert result["changed"] is False
+    assert result["failed_action"] == "start"
+    assert result["actions"] == ["define", "autostart on", "undefine (the start failed)"]
+    assert result["undone"] == ["define", "autostart on"]
+    assert "defined by this run and is undefined again" in result["msg"]
+    assert not _exists(env)
+    # Defined before the run: the failed start (its only step) leaves it as it was.
+    assert not run_module("domain", base(env))["failed"]
+    result = run_module("domain", base(env, state="running"))
+    assert result["failed"] and "is not active" in result["msg"] and "undefined" not in result["msg"]
+    assert result["changed"] is False and "undone" not in result
+    assert _exists(env) and state_of(env) == libvirt.VIR_DOMAIN_SHUTOFF
+
+
 def test_refuses_unknown_network(env, run_module):
     refused(env, run_module, base(env, interfaces=[{"network": env["prefix"] + "nonet"}]),
             "interfaces[0].network", "is not a libvirt network")

@@ -76,7 +76,7 @@ class DomainRunner(ObjectRunner):
         if dom is None:
             dom = self.define_new(name, desired)
             self.ensure_autostart(dom)
-            state = self.ensure_state(dom, state)
+            state = self.start_defined(dom, state)
         elif self.params["state"] in ("shutdown", "destroyed"):
             # Stop first, then change the definition: nothing is attempted live on a guest
             # that is about to stop anyway.
@@ -99,6 +99,33 @@ class DomainRunner(ObjectRunner):
             self.after[field] = desired[field]
         self.tracker.add("state", "absent", "shutoff")
         return self.tracker.act("define", self.service.define, root)
+
+    def start_defined(self, dom: Any, state: str) -> str:
+        """ensure_state for a domain this run has just defined. When its start fails, the
+        definition is undone: a domain left defined would make the next run find it shut off
+        and report ok (with a definition libvirt cannot start). A domain that existed before
+        the run never comes here, so it is left as it was."""
+        try:
+            return self.ensure_state(dom, state)
+        except KvmError as err:
+            if self.check or dom is None or not (self.tracker.failed_action or "").startswith("start"):
+                raise
+            self.undo_define(dom, err)
+            raise
+
+    def undo_define(self, dom: Any, err: KvmError) -> None:
+        """Undefine ``dom`` after its start failed, and say so in ``err``. When the undefine
+        fails too, ``err`` is left for report_partial (changed, with what was done)."""
+        done = self.tracker.performed
+        try:
+            self.tracker.act("undefine (the start failed)", self.service.undefine, dom)
+        except KvmError as undo_err:
+            err.msg = "%s; undefining the domain this run defined failed too: %s" % (err.msg, undo_err.msg)
+            return
+        err.details.update(changed=False, actions=self.tracker.performed, undone=done,
+                           failed_action=self.tracker.failed_action)
+        err.msg = ("%s (domain %s was defined by this run and is undefined again, so nothing is left "
+                   "of it: undone %s)" % (err.msg, dom.name(), "; ".join(done)))
 
     def update(self, dom: Any, existing: Any, desired: Dict[str, Any], state: str) -> None:
         diffs = differing_fields(existing, desired)
@@ -434,6 +461,9 @@ class OfflineDomainService:
 
     def kvm_available(self) -> bool:
         return True  # rendered XML is for a KVM hypervisor unless the item sets virt_type
+
+    def host_limits(self) -> Optional[Dict[str, Any]]:
+        return None  # no host: memory and CPU pins are checked when the item is applied
 
     def network_exists(self, name: str) -> bool:
         return True

@@ -188,6 +188,8 @@ class DomainRequest:
             if p.get(option) is not None:
                 int_range(option, p[option], 1, VCPUS_MAX, "QEMU's q35 and KVM's x86 maximum; "
                           "`virsh domcapabilities` shows this host's")
+        self._check_host_memory("memory", mem)
+        self._check_host_memory("max_memory", max_mem)
         if mem is not None:
             d["memory_kib"] = mem
         if max_mem is not None:
@@ -206,6 +208,32 @@ class DomainRequest:
                 d.get("max_vcpus", read_max_vcpus(self.existing)))
         else:
             self._check_limits(mem, max_mem, p.get("vcpus"), p.get("max_vcpus"))
+
+    def _check_host_memory(self, option: str, kib: Optional[int]) -> None:
+        """Memory beyond the host's can be defined, but QEMU cannot allocate it at the start
+        ("cannot set up guest memory"): refused before anything is defined."""
+        host = self.service.host_limits() if kib is not None else None
+        if host is None or kib <= host["memory_kib"]:
+            return
+        raise InvalidInputError(
+            option, self.params.get(option),
+            "is %d MiB, more than the host's total memory (%d MiB, as libvirt reports it for %s)"
+            % (kib // 1024, host["memory_kib"] // 1024, host["uri"]),
+            "give less than %dM: the host needs memory of its own" % (host["memory_kib"] // 1024))
+
+    def _host_cpuset(self, option: str, value: Any) -> List[int]:
+        """A cpuset of host CPUs. A pin to a CPU the host lacks is defined, then fails the
+        start (cgroup cpuset.cpus: 'Numerical result out of range'): refused before anything
+        is defined."""
+        cpus = cpuset(option, value, CPU_INDEX_MAX)
+        host = self.service.host_limits()
+        missing = [c for c in cpus if host is not None and c >= host["cpus"]]
+        if missing:
+            raise InvalidInputError(
+                option, value, "names CPU %d, but the host has %d CPUs (0-%d, as libvirt reports them for %s)"
+                % (missing[0], host["cpus"], host["cpus"] - 1, host["uri"]),
+                "pin to CPUs from 0 to %d (see lscpu or `virsh nodeinfo` on the host)" % (host["cpus"] - 1))
+        return cpus
 
     def _raise_maxima(self) -> None:
         """A shut-off domain takes a new maximum with its next definition: memory or vCPUs
@@ -283,7 +311,7 @@ class DomainRequest:
         pinning = p.get("cpu_pinning")
         if pinning is not None:
             d["cputune"] = {"vcpupin": self._vcpupins(pinning.get("vcpupin") or []),
-                            "emulatorpin": (cpuset("cpu_pinning.emulatorpin", pinning["emulatorpin"])
+                            "emulatorpin": (self._host_cpuset("cpu_pinning.emulatorpin", pinning["emulatorpin"])
                                             if pinning.get("emulatorpin") else None)}
         numa = p.get("numa_tuning")
         if numa is not None:
@@ -312,7 +340,7 @@ class DomainRequest:
             if vcpu in pins:
                 raise InvalidInputError(option + ".vcpu", vcpu, "is pinned twice",
                                         "give one vcpupin entry per vCPU")
-            pins[vcpu] = {"vcpu": vcpu, "cpuset": cpuset(option + ".cpuset", pin["cpuset"], CPU_INDEX_MAX)}
+            pins[vcpu] = {"vcpu": vcpu, "cpuset": self._host_cpuset(option + ".cpuset", pin["cpuset"])}
         return [pins[v] for v in sorted(pins)]
 
     def _firmware(self) -> None:

@@ -72,6 +72,7 @@ class DomainService:
         self.sysfs_root = sysfs_root
         self.sleep = sleep
         self._pci: Any = None
+        self._host: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, name: str) -> Any:
@@ -106,6 +107,21 @@ class DomainService:
             return True
         except libvirt.libvirtError:
             return False
+
+    def host_limits(self) -> Dict[str, Any]:
+        """The hypervisor's memory (KiB) and CPU count as libvirt reports them for this
+        connection (the remote host's for a remote URI, the fake node of test:///): what a
+        domain's memory and CPU pinning must fit into. Read once per run."""
+        if self._host is None:
+            info = call("reading the node info of %s" % self.uri, self.conn.getInfo)
+            try:
+                # The CPU map counts every CPU index the host has (offline ones too): the
+                # indexes a cpuset may name.
+                cpus = int(self.conn.getCPUMap(0)[0])
+            except libvirt.libvirtError:
+                cpus = int(info[2])
+            self._host = {"memory_kib": int(info[1]) * 1024, "cpus": cpus, "uri": self.uri}
+        return self._host
 
     def network_exists(self, name: str) -> bool:
         return lookup("looking up network %s" % name, self.conn.networkLookupByName, name,

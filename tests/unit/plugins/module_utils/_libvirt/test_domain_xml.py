@@ -208,6 +208,9 @@ class FakeService:
     def kvm_available(self) -> bool:
         return False
 
+    def host_limits(self) -> Optional[Dict[str, Any]]:
+        return None  # no host figures: the bounds tests see only the collection's own limits
+
     def network_exists(self, name: str) -> bool:
         return name in self.networks
 
