@@ -76,7 +76,16 @@ options:
     description: The nvidia-smi to run, a name looked up on PATH (and in /usr/local/nvidia/bin) or a path.
     type: str
     default: nvidia-smi
+  command_timeout:
+    description:
+      - Seconds each nvidia-smi call may take. One that runs longer (a wedged driver) is killed and
+        the task fails naming it, with what this run had already changed.
+    type: int
+    default: 120
 notes:
+  - A failure after a change (a create refused after the destroys) fails with C(changed=true),
+    C(actions) (what was done), C(failed_action) and C(commands); run the task again once the
+    cause is fixed.
   - Supports check mode (nvidia-smi is only read; C(commands) lists what a real run would do)
     and diff mode (the mode and the geometry before and after).
   - In check mode, enabling MIG predicts the geometry as if the mode became effective at once;
@@ -172,6 +181,10 @@ commands:
   returned: always
   type: list
   elements: list
+failed_action:
+  description: The action that failed after others were done (a partial change; C(actions) lists those done).
+  returned: when a change fails after an earlier one was done
+  type: str
 mig_mode_message:
   description: nvidia-smi's answer to the mode change (empty when the mode was not changed).
   returned: always
@@ -182,7 +195,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._runner import ObjectRunner  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig import (  # noqa: E402
     INSTANCE_SPEC, GpuInstance, GpuRow, MigDevice, Plan, Process, Profile, canonical_bus_id, expand_request,
@@ -198,6 +211,7 @@ ARGUMENT_SPEC: Dict[str, Any] = dict(
     force=dict(type="bool", default=False),
     force_timeout=dict(type="int", default=30),
     nvidia_smi=dict(type="str", default="nvidia-smi"),
+    command_timeout=dict(type="int", default=120),
 )
 
 
@@ -222,15 +236,15 @@ def select_gpu(value: Any, rows: Sequence[GpuRow]) -> GpuRow:
     return found[0]
 
 
-class MigRunner:
-    """Read, compare, act on the difference; check mode decides everything and runs nothing."""
+class MigRunner(ObjectRunner):
+    """Read, compare, act on the difference; check mode decides everything and runs nothing.
+
+    Every change goes through ``tracker.act``, so a failure half-way (a create refused after the
+    destroys) is reported by ObjectRunner as the partial change it is: changed, the actions
+    done and the one that failed."""
 
     def __init__(self, module: AnsibleModule, service: MigService) -> None:
-        self.module = module
-        self.service = service
-        self.params = module.params
-        self.check = module.check_mode
-        self.tracker = DifferenceTracker()
+        super().__init__(module, service)
         self.commands: List[List[str]] = []
         self.mode_message = ""
         self.label = ""
@@ -239,24 +253,29 @@ class MigRunner:
     def change(self, args: List[str], action: str) -> None:
         """Record one changing nvidia-smi command; run it unless in check mode."""
         self.commands.append([self.service.binary] + args)
-        self.tracker.action(action)
-        if not self.check:
-            output = self.service.run_change(args)
-            if "-mig" in args:
-                self.mode_message = output.strip()
+        output = self.tracker.act(action, self.service.run_change, args)
+        if output is not None and "-mig" in args:
+            self.mode_message = output.strip()
 
-    def validate_params(self) -> None:
+    def report_partial(self, err: KvmError) -> None:
+        super().report_partial(err)
+        if err.details.get("changed"):
+            err.details.setdefault("commands", self.commands)
+
+    def validate(self) -> None:
         if self.params["instances"] is not None and self.params["mig_mode"] != "enabled":
             raise InvalidInputError("instances", self.params["instances"], "is set while mig_mode is disabled",
                                     "remove instances, or set mig_mode: enabled")
+        if self.params["command_timeout"] < 1:
+            raise InvalidInputError("command_timeout", self.params["command_timeout"], "is below 1",
+                                    "give the seconds one nvidia-smi call may take, for example 120")
         if self.params["force_timeout"] < 0:
             raise InvalidInputError("force_timeout", self.params["force_timeout"], "is negative",
                                     "give 0 or more seconds")
 
     # -- the run ------------------------------------------------------------------------------------
 
-    def run(self) -> Dict[str, Any]:
-        self.validate_params()
+    def converge(self) -> Dict[str, Any]:
         gpu = select_gpu(self.params["gpu"], self.service.gpus())
         self.label = "GPU %d (%s)" % (gpu.index, gpu.name)
         want_enabled = self.params["mig_mode"] == "enabled"
@@ -353,9 +372,9 @@ class MigRunner:
 
     def apply(self, gpu: GpuRow, plan: Plan) -> None:
         for proc in plan.stopped:
-            self.tracker.action("stop %s (force)" % proc.label())
+            self.tracker.act("stop %s (force)" % proc.label(), self.service.signal_process, proc.pid)
         if plan.stopped and not self.check:
-            self.service.stop_processes(gpu.index, plan.stopped, self.params["force_timeout"])
+            self.service.wait_stopped(gpu.index, plan.stopped, self.params["force_timeout"])
         for gi in plan.destroy:
             for args in self.service.destroy_args(gpu.index, gi):
                 what = "compute instances of GPU instance" if "-dci" in args else "GPU instance"

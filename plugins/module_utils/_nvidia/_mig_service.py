@@ -14,6 +14,7 @@ import signal
 import time
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
+from .._core._command import CommandNotFoundError, CommandTimeoutError, run_bounded
 from .._core._errors import KvmError
 from ._mig import (QUERY_FIELDS, GpuInstance, GpuRow, MigDevice, MigParseError, Process, Profile,
                    join_instances, mig_devices, parse_gpu_rows, parse_lci, parse_lgi, parse_list,
@@ -22,6 +23,9 @@ from ._nvidia import NvidiaSmiParseError, _parse, looks_like_no_gpu
 
 # Where drivers put nvidia-smi besides PATH (the H200 guest: /usr/local/nvidia/bin).
 SEARCH_DIRS = ["/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin"]
+# Seconds one nvidia-smi call may take: a healthy one answers in seconds even while it
+# creates MIG instances; a wedged driver never answers.
+DEFAULT_NVIDIA_SMI_TIMEOUT_S = 120
 
 
 def resolve_binary(module: Any, value: str) -> str:
@@ -40,10 +44,26 @@ def resolve_binary(module: Any, value: str) -> str:
     return found
 
 
+def run_nvidia_smi(argv: Sequence[str], timeout_s: float) -> Tuple[int, str, str]:
+    """One nvidia-smi call within ``timeout_s`` (a wedged driver makes nvidia-smi wait for
+    ever); a hang or a binary that cannot run fails naming the command."""
+    try:
+        return run_bounded(argv, timeout_s=timeout_s, env_update={"LC_ALL": "C"})
+    except CommandTimeoutError:
+        raise KvmError("`%s` did not finish within %s s (command_timeout) and was killed; the NVIDIA driver may "
+                       "be wedged (see dmesg for Xid errors); fix the GPU or raise command_timeout"
+                       % (" ".join(argv), timeout_s), cmd=list(argv), timeout_s=timeout_s)
+    except CommandNotFoundError as exc:
+        raise KvmError("`%s` cannot be run: %s; install the NVIDIA driver's utilities (role "
+                       "mlinfra.kvm.nvidia_driver) or point nvidia_smi at nvidia-smi"
+                       % (" ".join(argv), exc.msg.rsplit(": ", 1)[-1]), cmd=list(argv))
+
+
 class MigService:
     def __init__(self, module: Any, binary: str, sleep: Callable[[float], None] = time.sleep) -> None:
         self.module = module
         self.binary = binary
+        self.timeout_s = module.params.get("command_timeout") or DEFAULT_NVIDIA_SMI_TIMEOUT_S
         self.sleep = sleep
         self.calls: List[List[str]] = []
 
@@ -52,7 +72,7 @@ class MigService:
     def _run(self, args: Sequence[str], ok_texts: Sequence[str] = ()) -> str:
         argv = [self.binary] + list(args)
         self.calls.append(argv)
-        rc, out, err = self.module.run_command(argv, check_rc=False, environ_update={"LC_ALL": "C"})
+        rc, out, err = run_nvidia_smi(argv, self.timeout_s)
         text = ((out or "") + ("\n" + err if err else "")).strip()
         # -lgi/-lci exit non-zero when the list is empty; that is an answer, not a failure.
         if rc != 0 and not any(ok in text for ok in ok_texts):
@@ -142,14 +162,23 @@ class MigService:
 
     def stop_processes(self, index: int, victims: Sequence[Process], timeout: float) -> None:
         """SIGTERM each process, then wait until nvidia-smi no longer lists them."""
-        pids = sorted({p.pid for p in victims})
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            except PermissionError as exc:
-                raise KvmError("force: cannot signal pid %d (%s); run the module as root" % (pid, exc))
+        for pid in sorted({p.pid for p in victims}):
+            self.signal_process(pid)
+        self.wait_stopped(index, victims, timeout)
+
+    @staticmethod
+    def signal_process(pid: int) -> None:
+        """SIGTERM one process (one already gone is stopped already)."""
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        except PermissionError as exc:
+            raise KvmError("force: cannot signal pid %d (%s); run the module as root" % (pid, exc))
+
+    def wait_stopped(self, index: int, victims: Sequence[Process], timeout: float) -> None:
+        """Wait until nvidia-smi no longer lists ``victims`` on GPU ``index``."""
+        pids = {p.pid for p in victims}
         deadline = time.monotonic() + timeout
         remaining: List[Process] = list(victims)
         while True:

@@ -559,3 +559,31 @@ def test_documentation_matches_argument_spec():
     compare_spec(doc["options"], nvidia_mig.ARGUMENT_SPEC)
     assert yaml.safe_load(nvidia_mig.EXAMPLES) and yaml.safe_load(nvidia_mig.RETURN)
     assert doc["module"] == "nvidia_mig"
+
+
+def test_a_create_that_fails_after_the_destroys_is_a_partial_change(smi):
+    assert not mig({"instances": BRIEF})["failed"]
+    ids = {g["name"] + "@%d" % g["start"]: g["id"] for g in smi.gpu()["gis"]}
+    smi.edit(lambda s: s["override"].update({"-cgi": {"rc": 2, "output": "Unable to create a GPU instance on GPU  0 "
+                                                      "using profile 15: Insufficient Resources"}}))
+    result = mig({"instances": [{"profile": "1g.35gb", "count": 2}, {"profile": "3g.71gb"}]})
+    assert result["failed"] and result["changed"] is True, result
+    destroyed = [ids["2g.35gb@0"], ids["1g.18gb@2"], ids["1g.18gb@3"]]
+    assert len(smi.gpu()["gis"]) == 1, "the destroys happened before the create failed"
+    assert [a.split(" (")[0] for a in result["actions"]] == [a for gid in destroyed for a in (
+        "destroy the compute instances of GPU instance %d" % gid, "destroy the GPU instance %d" % gid)], result
+    assert result["failed_action"].startswith("create 1g.35gb@0:2, 1g.35gb@2:2")
+    assert "Insufficient Resources" in result["msg"] and "already done: destroy" in result["msg"]
+    assert result["commands"][-1][-3:] == ["-cgi", "15:0,15:2", "-C"]
+    smi.edit(lambda s: s.update(override={}))
+    again = mig({"instances": [{"profile": "1g.35gb", "count": 2}, {"profile": "3g.71gb"}]})
+    assert not again["failed"] and again["changed"] is True and again["geometry"] == ["1g.35gb@0:2", "1g.35gb@2:2", "3g.71gb@4:4"]
+
+
+def test_a_hanging_nvidia_smi_is_killed_and_named(smi, tmp_path):
+    hang = tmp_path / "nvidia-smi-hangs"
+    hang.write_text("#!/bin/sh\nsleep 120\n")
+    hang.chmod(0o755)
+    result = run_module_process("nvidia_mig", {"nvidia_smi": str(hang), "command_timeout": 1}, timeout=60)
+    assert result["failed"] and result["changed"] is False, result
+    assert str(hang) in result["msg"] and "within 1 s" in result["msg"] and "command_timeout" in result["msg"]
