@@ -30,6 +30,12 @@ options:
     description: Fail when no GPU is visible instead of reporting it.
     type: bool
     default: false
+  command_timeout:
+    description:
+      - Seconds nvidia-smi may take. One that runs longer (a wedged driver) is killed and the task
+        fails naming it, whatever O(require_gpu) says.
+    type: int
+    default: 120
 requirements:
   - lxml on the managed host is used when present; the standard library parser otherwise.
 author:
@@ -100,10 +106,11 @@ import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import KvmError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._nvidia import (  # noqa: E402
     NO_GPU_MESSAGE, NvidiaSmiParseError, looks_like_no_gpu, parse_log)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig_service import run_nvidia_smi  # noqa: E402
 
 SEARCH_DIRS = ["/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin"]
 
@@ -154,8 +161,10 @@ def runner_for(module: AnsibleModule):
             if not binary:
                 where = params["nvidia_smi"] or "PATH, " + ", ".join(SEARCH_DIRS)
                 return finish(result_from({}, "", "nvidia-smi not found (looked in %s)" % where))
-            rc, stdout, stderr = module.run_command([binary, "-q", "-x"], check_rc=False,
-                                                    environ_update={"LC_ALL": "C"})
+            if params["command_timeout"] < 1:
+                raise InvalidInputError("command_timeout", params["command_timeout"], "is below 1",
+                                        "give the seconds nvidia-smi may take, for example 120")
+            rc, stdout, stderr = run_nvidia_smi([binary, "-q", "-x"], params["command_timeout"])
             if rc != 0:
                 text = (stdout + "\n" + stderr).strip()
                 if looks_like_no_gpu(text) or rc in (6, 9):  # 6: no device, 9: driver not loaded
@@ -183,6 +192,7 @@ def main() -> None:
             nvidia_smi=dict(type="path"),
             xml_file=dict(type="path"),
             require_gpu=dict(type="bool", default=False),
+            command_timeout=dict(type="int", default=120),
         ),
         mutually_exclusive=[("nvidia_smi", "xml_file")],
         supports_check_mode=True,

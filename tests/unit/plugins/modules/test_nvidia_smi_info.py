@@ -127,3 +127,11 @@ def test_stdlib_fallback_parses_the_same(tmp_path):
     finally:
         importlib.reload(_nvidia)
     assert without == with_lxml
+
+
+@pytest.mark.unit
+def test_a_hanging_nvidia_smi_is_killed_and_named(run_module, tmp_path):
+    binary = fake_smi(tmp_path, "sleep 120")
+    result = run_module("nvidia_smi_info", {"nvidia_smi": binary, "command_timeout": 1}, timeout=60)
+    assert result["failed"] and binary in result["msg"] and "within 1 s" in result["msg"], result
+    assert "command_timeout" in result["msg"]
