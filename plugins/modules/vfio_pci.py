@@ -115,6 +115,12 @@ options:
     description: Seconds to wait for the kernel to show the new binding after C(drivers_probe).
     type: int
     default: 10
+  command_timeout:
+    description:
+      - Seconds I(modprobe_command) or I(initramfs_command) may run. One that runs longer is killed
+        (with its child processes) and the task fails naming it, saying what was already changed.
+    type: int
+    default: 300
 extends_documentation_fragment:
   - mlinfra.kvm.host.sysfs_root
   - mlinfra.kvm.host.proc_root
@@ -201,6 +207,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host import _pci_vfio as persist
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._command import (
+    CommandNotFoundError, CommandTimeoutError, run_bounded)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
@@ -234,7 +242,15 @@ class VfioService:
                            % (" ".join(modprobe + [VFIO]), self.roots.sys("bus", "pci", "drivers", VFIO)))
 
     def run_command(self, argv: List[str]) -> None:
-        rc, out, err = self.module.run_command(argv)
+        """Run modprobe or the initramfs rebuild within command_timeout; a failure names it."""
+        timeout = self.module.params["command_timeout"]
+        try:
+            rc, out, err = run_bounded(argv, timeout_s=timeout)
+        except CommandNotFoundError as exc:
+            raise KvmError("command %s cannot be run: %s" % (argv, exc.msg.rsplit(": ", 1)[-1]), cmd=argv)
+        except CommandTimeoutError:
+            raise KvmError("command %s did not finish within %s s (command_timeout) and was killed" % (argv, timeout),
+                           cmd=argv, timeout_s=timeout)
         if rc != 0:
             raise KvmError("command %s failed with rc=%s: %s" % (argv, rc, (err or out).strip()),
                            rc=rc, stdout=out, stderr=err, cmd=argv)
@@ -309,6 +325,9 @@ class VfioRunner:
         timeout = self.params["bind_timeout"]
         if timeout is None or timeout < 1:
             raise InvalidInputError("bind_timeout", timeout, "is below 1", "give seconds, e.g. 10")
+        if self.params["command_timeout"] < 1:
+            raise InvalidInputError("command_timeout", self.params["command_timeout"], "is below 1",
+                                    "give the seconds modprobe or the initramfs rebuild may run, e.g. 300")
         object_name("conf_name", self.params["conf_name"])
         for module in self.params["softdep_modules"]:
             if not persist.MODULE_NAME_RE.match(str(module)):
@@ -616,6 +635,7 @@ def main() -> None:
         initramfs_command=dict(type="list", elements="str"),
         modprobe_command=dict(type="list", elements="str", default=["modprobe"]),
         bind_timeout=dict(type="int", default=10),
+        command_timeout=dict(type="int", default=300),
     )
     argument_spec.update(roots_argspec("sysfs_root", "proc_root", "etc_root"))
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)

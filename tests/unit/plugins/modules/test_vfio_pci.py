@@ -262,6 +262,27 @@ def test_initramfs_failure_is_reported(tree: SysfsTree) -> None:
     assert result["changed"] is True, "the device was bound and the files written before the command failed"
 
 
+def test_an_initramfs_rebuild_that_hangs_is_killed_and_named(tree: SysfsTree) -> None:
+    hang = tree.base / "bin" / "update-initramfs-hangs"
+    hang.parent.mkdir(exist_ok=True)
+    hang.write_text("#!/bin/sh\nsleep 120\n")
+    hang.chmod(0o755)
+    with FakeKernel(tree):
+        result = run_module_process("vfio_pci", args_for(tree, [EDU], initramfs_command=[str(hang), "-u"],
+                                                         command_timeout=1), timeout=120)
+    assert result["failed"] and str(hang) in result["msg"] and "within 1 s" in result["msg"], result
+    assert result["changed"] is True and "next run of this task runs" in result["msg"]
+    assert result["cmd"] == [str(hang), "-u"]
+
+
+def test_a_missing_modprobe_is_named(tree: SysfsTree) -> None:
+    shutil.rmtree(tree.sys / "bus" / "pci" / "drivers" / "vfio-pci")
+    missing = str(tree.base / "bin" / "no-such-modprobe")
+    result = run_module_process("vfio_pci", args_for(tree, [EDU], modprobe_command=[missing]))
+    assert result["failed"] and missing in result["msg"] and "Error executing command" not in result["msg"], result
+    assert result["cmd"] == [missing, "vfio-pci"]
+
+
 def test_kernel_that_does_not_bind_is_reported(tree: SysfsTree) -> None:
     """No FakeKernel: the writes land in plain files and nothing rebinds, as when a probe fails."""
     result = run_module_process("vfio_pci", args_for(tree, [EDU], bind_timeout=1, persistent=False))
