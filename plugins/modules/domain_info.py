@@ -112,6 +112,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_spec 
     hostdev_addresses, read_cdroms, read_disks, read_metadata)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
 
 
@@ -180,6 +181,7 @@ def main() -> None:
                 stats=dict(type="bool", default=True))
     spec.update(LIBVIRT_ARGSPEC)
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    fail_without_lxml(module)
 
     def runner() -> Dict[str, Any]:
         # Read-write: the persistent XML with SECURE is not offered to read-only connections.

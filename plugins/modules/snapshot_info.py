@@ -104,6 +104,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _snaps
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import LIBVIRT_ARGSPEC, Connection
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
 
 
@@ -136,6 +137,7 @@ def main() -> None:
     )
     argument_spec.update(LIBVIRT_ARGSPEC)
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    fail_without_lxml(module)
 
     def runner() -> Dict[str, Any]:
         with Connection(module.params["uri"]) as conn:

@@ -163,6 +163,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._volume import (
     MUTUALLY_EXCLUSIVE, argument_spec, run_volume, validate_params,
 )
@@ -171,6 +172,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import i
 
 def main() -> None:
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True, mutually_exclusive=MUTUALLY_EXCLUSIVE)
+    fail_without_lxml(module)
 
     def runner() -> dict:
         validate_params(module.params)  # bad input fails before libvirt is even contacted

@@ -7,21 +7,37 @@ No XML is ever built from strings: values go through lxml, which escapes them.
 """
 from __future__ import annotations
 
+import traceback
 from typing import Any, Iterable, Mapping, Optional
+
+from ansible.module_utils.basic import missing_required_lib
 
 from ._errors import KvmError
 
 try:
     from lxml import etree  # type: ignore
     HAS_LXML = True
+    LXML_IMPORT_ERROR: Optional[str] = None
 except ImportError:  # pragma: no cover - depends on the host
     etree = None  # type: ignore
     HAS_LXML = False
+    # Kept for fail_json's ``exception`` (shown with -vvv), as ansible-core's own modules do.
+    LXML_IMPORT_ERROR = traceback.format_exc()
+
+LXML_REASON = "to build and read libvirt's XML; install python3-lxml (or pip install lxml) on the managed host"
+
+
+def fail_without_lxml(module: Any) -> None:
+    """Every module that builds or reads XML calls this as soon as its AnsibleModule exists:
+    without lxml it fails there, naming the library, instead of an AttributeError half-way."""
+    if not HAS_LXML:
+        module.fail_json(msg=missing_required_lib("lxml", reason=LXML_REASON), exception=LXML_IMPORT_ERROR)
 
 
 def require_lxml() -> None:
+    """The same refusal for code that has no module at hand (a KvmError, reported by run())."""
     if not HAS_LXML:
-        raise KvmError("the Python module 'lxml' is required on the managed host (pip install lxml)")
+        raise KvmError(missing_required_lib("lxml", reason=LXML_REASON))
 
 
 def _attrs(attrs: Optional[Mapping[str, Any]]) -> dict:
