@@ -28,6 +28,12 @@ description:
   - Before any change, hostdevs are checked on the host - the device exists, its whole IOMMU group
     is viable for vfio (the rule M(mlinfra.kvm.pci_info) reports), and no other running domain uses it. Networks, pools and volumes are checked
     to exist. A refused request changes nothing.
+  - "O(memory), O(max_memory) and the CPU sets of O(cpu_pinning) are checked against the host as libvirt
+    reports it for the connection (C(virsh nodeinfo), the remote host for a remote O(uri)): more memory than
+    the host has in total, or a CPU index the host lacks, is refused before anything is defined."
+  - When a domain this run defined fails to start (O(state=running) or V(paused)), the definition is
+    undone (undefined again) and the failure says so (C(undone) lists what was undone, C(changed) is
+    false); a domain that existed before the run is left defined as it was.
 options:
   name:
     description: Domain name (letters, digits, C(.), C(_), C(+), C(-)).
@@ -61,7 +67,8 @@ options:
     type: str
   memory:
     description:
-      - Current memory, as a size with unit (V(2G), V(512M)); a bare number means MiB. From 16 MiB to 16 TiB.
+      - Current memory, as a size with unit (V(2G), V(512M)); a bare number means MiB. From 16 MiB to 16 TiB,
+        and at most the host's total memory (as libvirt reports it).
       - Required to define a new domain. Changed live (balloon) within O(max_memory).
       - On a shut-off domain, a value above the current maximum raises the maximum with it (when
         O(max_memory) is not set). A running domain keeps its maximum until a restart, so there a
@@ -69,7 +76,8 @@ options:
     type: str
   max_memory:
     description:
-      - Maximum memory (libvirt's C(<memory>)); equal to O(memory) on creation. From 16 MiB to 16 TiB.
+      - Maximum memory (libvirt's C(<memory>)); equal to O(memory) on creation. From 16 MiB to 16 TiB,
+        and at most the host's total memory (as libvirt reports it).
       - On a running domain a new maximum is written to the definition and needs a restart.
     type: str
   vcpus:
@@ -119,8 +127,9 @@ options:
             required: true
           cpuset:
             description:
-              - Host CPU set such as V(2-3), V(4,6) or V(0-7,^3). CPU indexes go from 0 to 8191
-                (Linux's largest NR_CPUS), ranges low to high, no empty items.
+              - Host CPU set such as V(2-3), V(4,6) or V(0-7,^3). CPU indexes go from 0 to the host's
+                CPU count - 1 (as libvirt reports it; 8191, Linux's largest NR_CPUS, at most), ranges low to
+                high, no empty items.
             type: str
             required: true
       emulatorpin:
