@@ -237,6 +237,14 @@ def test_delete_with_children(shutoff_domain, run_module) -> None:
     ("metadata nested", {"name": "s", "metadata": {"a": {"b": 1}}}, "option metadata.a:"),
     ("description with marker", {"name": "s", "description": "x\n-- mlinfra.kvm metadata --\n{}"},
      "option description:"),
+    # lxml refuses these in the snapshot XML ("All strings must be XML compatible"): the module
+    # names the option instead, before any call.
+    ("description with a control character", {"name": "s", "description": "run\x1b[31m red"},
+     "option description: value 'run\\x1b[31m red' contains the control character U+001B"),
+    ("metadata value with a control character", {"name": "s", "metadata": {"run": "7\x00"}},
+     "option metadata.run: value '7\\x00' contains the control character U+0000"),
+    ("metadata key with a control character", {"name": "s", "metadata": {"ru\x07n": "7"}},
+     "option metadata: value 'ru\\x07n' contains the control character U+0007"),
 ])
 def test_bad_input_is_a_clear_error(shutoff_domain, run_module, libvirt_cleanup, case, args, fragment) -> None:
     d = shutoff_domain
@@ -250,6 +258,21 @@ def test_bad_input_is_a_clear_error(shutoff_domain, run_module, libvirt_cleanup,
     assert fragment in result["msg"], result["msg"]
     assert snapshot_names(d["uri"], d["name"]) == []
     assert qemu_snapshots(d["disk"]).strip() == ""
+
+
+def test_control_character_in_an_update_is_refused_before_any_call(shutoff_domain, run_module) -> None:
+    """An existing snapshot's description: check mode and a real run refuse alike, and the
+    snapshot keeps its description."""
+    d = shutoff_domain
+    args = {"uri": d["uri"], "domain": d["name"], "name": "s", "description": "kept"}
+    assert not run_module("snapshot", args)["failed"]
+    for check in (True, False):
+        result = run_module("snapshot", dict(args, description="tab\tok, bell\x07 not"), check=check)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["option"] == "description" and "U+0007" in result["msg"], result["msg"]
+        assert "XML compatible" not in result["msg"]
+    info = run_module("snapshot_info", {"uri": d["uri"], "domain": d["name"]})
+    assert [s["description"] for s in info["snapshots"]] == ["kept"]
 
 
 def test_raw_disk_is_refused(libvirtd, libvirt_cleanup, disk_dir, run_module) -> None:

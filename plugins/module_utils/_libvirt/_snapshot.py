@@ -33,7 +33,7 @@ from .._core import _xml as X
 from .._core._runner import ObjectRunner
 from .._core._errors import ConflictError, InvalidInputError
 from .._core._host_lock import local_object_lock
-from .._core._validate import object_name
+from .._core._validate import object_name, plain_texts
 from ._domain_service import state_name
 from ._fields import REDEFINE, Field, compare, option_specs
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
@@ -256,6 +256,9 @@ class SnapshotRunner(ObjectRunner):
         p = self.params
         object_name("domain", p["domain"])
         object_name("name", p["name"])  # required by the argspec
+        # Both end in the snapshot's XML: a control character would make lxml raise ("All strings
+        # must be XML compatible") instead of the module naming the option.
+        plain_texts(p, ("description", "metadata{}"), multiline=("description",))
         p["metadata"] = normalise_metadata(p["metadata"]) if p["metadata"] is not None else None
         if p["description"] is not None and METADATA_MARKER in p["description"]:
             raise InvalidInputError("description", p["description"], "contains the metadata marker line",
