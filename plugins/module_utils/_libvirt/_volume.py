@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
+from .._core._command import run_bounded
 from .._core._runner import ObjectRunner
 from .._core._errors import ConflictError, InvalidInputError, KvmError, LibvirtCallError
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
@@ -20,6 +21,7 @@ from .._core._validate import object_name, plain_text, size_bytes
 from ._volume_io import PARTIAL_SUFFIX, capacity_in_range, partial_name, stream_file
 from ._fields import LIVE, NEVER, Field, option_specs, refuse_never_changes
 from ._resource_list import ResourceKind, read_listed
+from ._storage_paths import ALLOWED_PATHS_SPEC, StoragePolicy, check_allowed_paths, read_backing
 from .._core import _xml as X
 
 # A volume's fields, declared once: the options (with their argument spec entries) and what a
@@ -39,6 +41,9 @@ FIELD_TABLE: Tuple[Field, ...] = (
                                   "Set backing_format: {current} or leave it unset."),
 )
 DIFF_FIELDS = ("state",) + tuple(f.key for f in FIELD_TABLE)
+# Seconds for one qemu-img info: it reads one header (the chain is checked before it runs), so
+# a longer wait means a dead disk or a hung NFS mount, which the task should report, not wait on.
+QEMU_IMG_TIMEOUT_S = 60
 TEXT_OPTIONS = ("name", "pool", "capacity", "backing", "import_from")
 
 
@@ -55,6 +60,7 @@ def validate_params(params: Dict[str, Any]) -> Optional[int]:
         # Such a name is this module's temporary: a run for the shorter name would delete it.
         raise InvalidInputError("name", params["name"], "ends with %s, the suffix of an import's temporary volume"
                                 % PARTIAL_SUFFIX, "choose a name that does not end with %s" % PARTIAL_SUFFIX)
+    check_allowed_paths(params.get("allowed_paths"))
     if params.get("backing_format") and not params.get("backing"):
         raise InvalidInputError("backing_format", params["backing_format"], "applies only to an overlay",
                                 "set backing to the base image too, or remove backing_format")
@@ -130,13 +136,24 @@ class VolumeService:
         out.update(read_xml(root))
         return out
 
-    def image_info(self, option: str, path: str) -> Dict[str, Any]:
-        # -U: the image may be open by running guests (a base image always is).
-        rc, out, err = self.module.run_command(["qemu-img", "info", "-U", "--output=json", path])
+    def storage_policy(self, allowed_paths: Any, local: bool) -> StoragePolicy:
+        """Where a backing image may lie on this host (its pools, plus allowed_paths)."""
+        return StoragePolicy.of_host(self.conn, allowed_paths, local)
+
+    @staticmethod
+    def image_info(option: str, path: str) -> Dict[str, Any]:
+        """qemu-img's view of one image, bounded; only ever called on a file whose own type and
+        chain were checked first (StoragePolicy.check_image, or read_backing for an import).
+        -U: the image may be open by running guests (a base image always is)."""
+        rc, out, err = run_bounded(["qemu-img", "info", "-U", "--output=json", path], timeout_s=QEMU_IMG_TIMEOUT_S)
         if rc != 0:
             raise InvalidInputError(option, path, "cannot be read as a disk image (qemu-img: %s)" % err.strip(),
                                     "give a qcow2 or raw image file")
-        return json.loads(out)
+        try:
+            return json.loads(out)
+        except ValueError:
+            raise InvalidInputError(option, path, "cannot be read as a disk image (qemu-img printed no JSON)",
+                                    "give a qcow2 or raw image file") from None
 
     def create(self, pool: Any, xml: str, name: str) -> Any:
         try:
@@ -348,6 +365,9 @@ class VolumeRunner(ObjectRunner):
         if self.local and not os.path.exists(path):
             raise InvalidInputError("backing", path, "does not exist",
                                     "build or import the base image first, or fix the path")
+        # Before qemu-img or libvirt reads it: inside the host's pools (or allowed_paths), and a
+        # chain of image files that ends (no loop, no FIFO, bounded depth).
+        self.service.storage_policy(p["allowed_paths"], self.local).check_image("backing", path)
         info = self.service.image_info("backing", path) if self.local else {}
         detected = info.get("format")
         fmt = p["backing_format"] or detected
@@ -366,6 +386,13 @@ class VolumeRunner(ObjectRunner):
         if not os.path.isfile(path):
             raise InvalidInputError("import_from", path, "is not a file on this host",
                                     "give the path of an existing image file")
+        _is_qcow2, backing, _fmt = read_backing("import_from", path, path)
+        if backing:
+            # The volume would name that file as its backing image, unchecked: refuse, as qemu-img
+            # and libvirt would follow it (a loop, a FIFO, a file outside every pool).
+            raise InvalidInputError("import_from", path, "has a backing file (%s); an imported image must stand "
+                                    "alone" % backing, "convert it into a standalone image first (qemu-img convert "
+                                    "-O qcow2 %s standalone.qcow2), or make an overlay with backing instead" % path)
         info = self.service.image_info("import_from", path)
         detected = info.get("format")
         fmt = p["format"] or detected
@@ -469,6 +496,7 @@ def argument_spec() -> Dict[str, Any]:
         state=dict(type="str", default="present", choices=["present", "absent"]),
         **option_specs(FIELD_TABLE),
         import_from=dict(type="path"),
+        **ALLOWED_PATHS_SPEC,
         force=dict(type="bool", default=False),
     )
     spec.update(LIBVIRT_ARGSPEC)

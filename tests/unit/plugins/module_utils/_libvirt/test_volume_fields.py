@@ -15,7 +15,7 @@ from option_docs import argspec_outside_the_table, labels, undocumented
 pytestmark = pytest.mark.unit
 
 DOC = yaml.safe_load(volume_module.DOCUMENTATION)
-ACTIONS = {"name", "pool", "state", "import_from", "force", "uri"}
+ACTIONS = {"name", "pool", "state", "import_from", "force", "uri", "allowed_paths"}
 
 
 def test_the_module_argument_spec_is_the_field_table_plus_the_actions():
