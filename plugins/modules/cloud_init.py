@@ -121,7 +121,8 @@ content_sha256:
   type: str
   sample: 3f0c6d1e9a...
 instance_id:
-  description: The instance-id written to meta-data; null with O(state=absent).
+  description: The instance-id written to meta-data, read back from the written text as cloud-init parses
+    it (the top-level C(instance-id) key of the YAML mapping); null with O(state=absent).
   returned: always
   type: str
   sample: worker1-v1
@@ -153,11 +154,13 @@ from typing import Any, Dict, List, Optional
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _cloudinit as C
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._command import run_bounded
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError, KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
 
 SEED_MODE = 0o600
+SEED_BUILD_TIMEOUT_S = 60
 
 
 class SeedService:
@@ -203,7 +206,8 @@ class SeedService:
                 paths.append(path)
             argv = tool + ["-output", tmp_iso, "-volid", C.VOLUME_ID, "-joliet", "-rock",
                            "-appid", appid, "-input-charset", "utf-8", "-quiet"] + paths
-            rc, out, err = self.module.run_command(argv)
+            # A seed is a few KiB: a minute is ample, and a wedged tool must not hang the play.
+            rc, out, err = run_bounded(argv, timeout_s=SEED_BUILD_TIMEOUT_S)
             if rc != 0:
                 raise KvmError("building the seed ISO failed: %s exited %d: %s"
                                % (os.path.basename(tool[0]), rc, (err or out).strip()),

@@ -97,12 +97,7 @@ def render_meta_data(value: Any, instance_id: Optional[str], default_instance_id
         if instance_id is not None:
             raise InvalidInputError("instance_id", instance_id, "cannot be merged into meta_data given as a string",
                                     "give meta_data as a dict, or put instance-id into the string")
-        found = re.search(r"^\s*instance-id\s*:\s*['\"]?([^'\"\s#]+)", value, re.MULTILINE)
-        if not found:
-            raise InvalidInputError("meta_data", value, "has no 'instance-id:' line",
-                                    "add 'instance-id: <id>' (cloud-init needs it to tell instances apart)")
-        validate_instance_id("meta_data", found.group(1))
-        return value, found.group(1)
+        return value, instance_id_of("meta_data", value)
     data = _plain(value) if value else {}
     if instance_id is not None:
         data["instance-id"] = validate_instance_id("instance_id", instance_id)
@@ -110,7 +105,30 @@ def render_meta_data(value: Any, instance_id: Optional[str], default_instance_id
         data["instance-id"] = validate_instance_id("meta_data", data["instance-id"])
     else:
         data["instance-id"] = default_instance_id
-    return to_yaml(data), data["instance-id"]
+    text = to_yaml(data)
+    return text, instance_id_of("meta_data", text)
+
+
+def instance_id_of(option: str, text: str) -> str:
+    """The instance-id cloud-init will read from meta-data ``text``: the top-level key of the
+    YAML mapping, parsed as cloud-init parses it (yaml.safe_load). What the module reports is
+    read back from the text it writes, so it cannot differ from what the guest sees (a line
+    match would take an indented key of a nested mapping, or the first of two keys where YAML
+    keeps the last)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidInputError(option, text, "is not YAML (%s)" % str(exc).replace("\n", " "),
+                                "write meta-data as a YAML mapping, e.g. 'instance-id: vm1-v1'")
+    if not isinstance(data, dict) or "instance-id" not in data:
+        raise InvalidInputError(option, text, "has no top-level 'instance-id' key",
+                                "add 'instance-id: <id>' at the top level (cloud-init needs it to tell "
+                                "instances apart)")
+    found = data["instance-id"]
+    if not isinstance(found, str):
+        raise InvalidInputError(option, found, "is the instance-id, but YAML reads it as a %s, not a string"
+                                % type(found).__name__, "quote it: instance-id: '%s'" % found)
+    return validate_instance_id(option, found)
 
 
 def validate_instance_id(option: str, value: Any) -> str:

@@ -125,6 +125,26 @@ def test_strings_are_written_verbatim(tmp_path: Path, run_module) -> None:
     assert iso_read(dest, "network-config") == network
 
 
+@pytest.mark.parametrize("meta_data, expected", [
+    # A nested mapping's key first: a line match took it; cloud-init reads the top-level one.
+    ("network:\n  instance-id: nested-1\ninstance-id: top-1\n", "top-1"),
+    # Two top-level keys: YAML (and so cloud-init) keeps the last.
+    ("instance-id: first-1\nlocal-hostname: x\ninstance-id: last-1\n", "last-1"),
+    # Quoted, with a comment after it.
+    ("instance-id: 'quoted-1'  # the seed's id\n", "quoted-1"),
+    # Flow style on one line.
+    ("{local-hostname: x, instance-id: flow-1}\n", "flow-1"),
+])
+def test_reported_instance_id_is_the_one_cloud_init_reads(tmp_path: Path, run_module, meta_data, expected) -> None:
+    """The instance_id returned is the one in the seed's meta-data as cloud-init parses it
+    (yaml.safe_load, top-level key), read back from the ISO that was built."""
+    dest = tmp_path / "seed.iso"
+    result = run_module("cloud_init", {"dest": str(dest), "user_data": USER_DATA, "meta_data": meta_data})
+    assert not result["failed"], result
+    seen_by_guest = yaml.safe_load(iso_read(dest, "meta-data"))["instance-id"]
+    assert result["instance_id"] == seen_by_guest == expected
+
+
 def test_default_instance_id_follows_content(tmp_path: Path, run_module) -> None:
     dest = tmp_path / "seed.iso"
     one = run_module("cloud_init", {"dest": str(dest), "user_data": {"locale": "C.UTF-8"}})
@@ -191,6 +211,10 @@ def test_foreign_file_is_not_overwritten(tmp_path: Path, run_module) -> None:
     ("bad instance_id", {"instance_id": "../etc"}, "instance_id", "letters, digits"),
     ("bad instance-id in dict", {"meta_data": {"instance-id": "a b"}}, "meta_data", "letters, digits"),
     ("string meta without id", {"meta_data": "local-hostname: x\n"}, "meta_data", "instance-id"),
+    ("string meta with a nested id only", {"meta_data": "network:\n  instance-id: a\n"}, "meta_data",
+     "at the top level"),
+    ("string meta with a numeric id", {"meta_data": "instance-id: 0x10\n"}, "meta_data", "quote it"),
+    ("string meta not YAML", {"meta_data": "instance-id: [a\n"}, "meta_data", "YAML mapping"),
     ("instance_id with string meta", {"meta_data": "instance-id: a\n", "instance_id": "b"}, "instance_id",
      "meta_data as a dict"),
 ])
