@@ -200,7 +200,15 @@ options:
         description: Volume name in O(disks[].pool).
         type: str
       path:
-        description: Image file on the libvirt host.
+        description:
+          - Image file (or block device) on the libvirt host.
+          - It must lie inside the target directory of one of the host's libvirt storage pools
+            (active or not), or inside a directory listed in O(allowed_paths); on a local host both
+            are resolved (symlinks, C(..)) first. So must every image of its backing chain, which
+            is read from the qcow2 headers (never with C(qemu-img)) and refused when it loops, is
+            deeper than 32 images or holds anything but files and block devices (a FIFO, a socket,
+            a character device). Anything else - V(/etc/shadow), a device outside the pools - is
+            refused before libvirt is asked, naming the option, the value and the fix.
         type: path
       format:
         description: Image format; read from the volume, or V(qcow2) for C(*.qcow2) paths and V(raw) otherwise.
@@ -360,6 +368,15 @@ options:
     description: Where the host's sysfs is mounted (for the hostdev checks on local URIs); a test seam.
     type: path
     default: /sys
+  allowed_paths:
+    description:
+      - Directories (or single image files) outside the host's storage pools where O(disks[].path)
+        images and their backing images may lie, for sites that keep images elsewhere.
+      - Absolute paths; a file under one of them (after resolving symlinks and C(..)) is allowed.
+        The storage pools' target directories are always allowed.
+    type: list
+    elements: path
+    default: []
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
@@ -372,6 +389,11 @@ notes:
     shutdown (V(crashed)), crashed, paused on a disk I/O error or by its watchdog - is reported
     with a warning naming the reason and libvirt's log of the domain, also when O(state) puts it
     back; the start or resume action then names the state and reason it found.
+  - Disk paths follow one policy with M(mlinfra.kvm.volume)'s O(mlinfra.kvm.volume#module:backing) - inside a
+    storage pool's target or O(allowed_paths), image files or block devices only, a backing chain that ends.
+    With a remote URI the module cannot read the host's files - the path is compared as spelled
+    (normalised) with the pools' targets and O(allowed_paths), and its chain is not read.
+    O(cdroms[].path) is not checked by this policy.
 seealso:
   - module: mlinfra.kvm.domain_info
   - module: mlinfra.kvm.volume

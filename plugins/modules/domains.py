@@ -76,7 +76,7 @@ options:
       memory:
         description:
         - Current memory, as a size with unit (V(2G), V(512M)); a bare number means MiB. From 16 MiB to 16
-          TiB.
+          TiB, and at most the host's total memory (as libvirt reports it).
         - Required to define a new domain. Changed live (balloon) within O(config[].max_memory).
         - On a shut-off domain, a value above the current maximum raises the maximum with it (when O(config[].max_memory)
           is not set). A running domain keeps its maximum until a restart, so there a value above it is refused.
@@ -84,7 +84,7 @@ options:
       max_memory:
         description:
         - Maximum memory (libvirt's C(<memory>)); equal to O(config[].memory) on creation. From 16 MiB to
-          16 TiB.
+          16 TiB, and at most the host's total memory (as libvirt reports it).
         - On a running domain a new maximum is written to the definition and needs a restart.
         type: str
       vcpus:
@@ -145,8 +145,9 @@ options:
                 required: true
               cpuset:
                 description:
-                - Host CPU set such as V(2-3), V(4,6) or V(0-7,^3). CPU indexes go from 0 to 8191 (Linux's
-                  largest NR_CPUS), ranges low to high, no empty items.
+                - Host CPU set such as V(2-3), V(4,6) or V(0-7,^3). CPU indexes go from 0 to the host's CPU
+                  count - 1 (as libvirt reports it; 8191, Linux's largest NR_CPUS, at most), ranges low to
+                  high, no empty items.
                 type: str
                 required: true
           emulatorpin:
@@ -246,7 +247,14 @@ options:
             type: str
           path:
             description:
-            - Image file on the libvirt host.
+            - Image file (or block device) on the libvirt host.
+            - It must lie inside the target directory of one of the host's libvirt storage pools (active or
+              not), or inside a directory listed in O(config[].allowed_paths); on a local host both are resolved
+              (symlinks, C(..)) first. So must every image of its backing chain, which is read from the qcow2
+              headers (never with C(qemu-img)) and refused when it loops, is deeper than 32 images or holds
+              anything but files and block devices (a FIFO, a socket, a character device). Anything else -
+              V(/etc/shadow), a device outside the pools - is refused before libvirt is asked, naming the
+              option, the value and the fix.
             type: path
           format:
             description:
@@ -451,6 +459,14 @@ options:
         - 'When the item does not set it: V(/sys) (replaced, overridden, and a new object in merged; merged
           keeps an existing object''s value).'
         type: path
+      allowed_paths:
+        description:
+        - Directories (or single image files) outside the host's storage pools where O(config[].disks[].path)
+          images and their backing images may lie, for sites that keep images elsewhere.
+        - Absolute paths; a file under one of them (after resolving symlinks and C(..)) is allowed. The storage
+          pools' target directories are always allowed.
+        type: list
+        elements: path
     # END generated config suboptions
   force:
     description:

@@ -59,6 +59,14 @@ options:
     description:
       - Absolute path of a backing image; the volume becomes a qcow2 copy-on-write overlay on it.
       - The backing image is never written to.
+      - When the volume is created, the image must lie inside the target directory of one of the
+        host's libvirt storage pools (active or not), or inside a directory listed in
+        O(allowed_paths); on a local host both are resolved (symlinks, C(..)) first. So must every
+        image of its backing chain. The chain is read from the qcow2 headers (never with
+        C(qemu-img), which follows a looping chain for ever) and refused when it loops, is deeper
+        than 32 images, or holds anything but files and block devices (a FIFO, a socket, a
+        character device, a directory). A refusal names the option, the value, what is wrong
+        (for example that the chain loops, C(a.qcow2 -> b.qcow2 -> a.qcow2)) and the fix; nothing is changed.
     type: path
   backing_format:
     description: Format of O(backing). Detected with C(qemu-img info) when not set.
@@ -76,7 +84,17 @@ options:
         would call unchanged.
       - Any run for O(name) (any O(state), check mode included in its prediction) deletes a
         temporary volume an interrupted import left, and reports it as a change.
+      - An image with a backing file is refused; the volume would point at that file unchecked.
     type: path
+  allowed_paths:
+    description:
+      - Directories (or single image files) outside the host's storage pools where O(backing)
+        images and their backing images may lie, for sites that keep base images elsewhere.
+      - Absolute paths; a file under one of them (after resolving symlinks and C(..)) is allowed.
+        The storage pools' target directories are always allowed.
+    type: list
+    elements: path
+    default: []
 notes:
   - Free-text options (O(name), O(pool), O(backing), O(import_from), O(capacity)) may not contain
     control characters (newlines, tabs, escapes); such values are refused before anything is done.
@@ -85,6 +103,9 @@ notes:
     (the volume exists already, or is still being allocated) are reported as clear errors.
   - A failure after something was changed reports C(changed=true) and lists in C(done) what was
     changed (for example a leftover temporary volume that was deleted).
+  - The backing policy is checked when a volume is created. With a remote URI the module cannot
+    read the host's files - O(backing) is compared as spelled (normalised) with the pools' targets
+    and O(allowed_paths), and its chain is not read. C(qemu-img info) runs with a 60 s bound.
   - The in-use check reads every defined domain's disks (persistent definition, and the live
     one of running domains) and follows backing chains through volumes libvirt knows. A disk
     that uses the file through another path (a symlink) is not recognised.

@@ -71,6 +71,14 @@ options:
         description:
         - Absolute path of a backing image; the volume becomes a qcow2 copy-on-write overlay on it.
         - The backing image is never written to.
+        - When the volume is created, the image must lie inside the target directory of one of the host's
+          libvirt storage pools (active or not), or inside a directory listed in O(config[].allowed_paths);
+          on a local host both are resolved (symlinks, C(..)) first. So must every image of its backing chain.
+          The chain is read from the qcow2 headers (never with C(qemu-img), which follows a looping chain
+          for ever) and refused when it loops, is deeper than 32 images, or holds anything but files and block
+          devices (a FIFO, a socket, a character device, a directory). A refusal names the option, the value,
+          what is wrong (for example that the chain loops, C(a.qcow2 -> b.qcow2 -> a.qcow2)) and the fix;
+          nothing is changed.
         type: path
       backing_format:
         description:
@@ -90,7 +98,16 @@ options:
           therefore never leaves a volume O(config[].name) that a later run would call unchanged.
         - Any run for O(config[].name) (any O(config[].state), check mode included in its prediction) deletes
           a temporary volume an interrupted import left, and reports it as a change.
+        - An image with a backing file is refused; the volume would point at that file unchecked.
         type: path
+      allowed_paths:
+        description:
+        - Directories (or single image files) outside the host's storage pools where O(config[].backing) images
+          and their backing images may lie, for sites that keep base images elsewhere.
+        - Absolute paths; a file under one of them (after resolving symlinks and C(..)) is allowed. The storage
+          pools' target directories are always allowed.
+        type: list
+        elements: path
     # END generated config suboptions
   force:
     description:

@@ -17,6 +17,7 @@ from ansible.module_utils.basic import AnsibleModule
 from .._core._runner import ObjectRunner
 from ._domain_read import ACTIVE_STATES, sizes
 from ._domain_request import DomainRequest
+from ._storage_paths import ALLOWED_PATHS_SPEC
 from ._domain_service import DomainService, state_name, unexpected_reason
 from ._domain_spec import (
     FIELDS, LIVE_FIELDS, apply_fields, build_new, differing_fields, disk_element, field_option_specs,
@@ -333,6 +334,7 @@ def argument_spec() -> Dict[str, Any]:
         wait_for_ip=dict(type="bool", default=False),
         wait_for_ip_timeout=dict(type="int", default=300),
         sysfs_root=dict(type="path", default="/sys"),
+        **ALLOWED_PATHS_SPEC,
     )
     spec.update(LIBVIRT_ARGSPEC)
     return spec
@@ -476,6 +478,9 @@ class OfflineDomainService:
 
     def path_exists(self, path: str) -> Optional[bool]:
         return None
+
+    def storage_policy(self, allowed_paths: Any) -> None:
+        return None  # no host, no pools: a disk's path is checked when the item is applied
 
     def pci(self) -> "OfflineDomainService":
         return self  # an empty PCI source: render_domain refuses hostdevs before they are resolved

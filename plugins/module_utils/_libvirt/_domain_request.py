@@ -21,6 +21,7 @@ from ._domain_spec import (
     DEFAULT_OVMF_CODE, DEFAULT_OVMF_VARS, assign_targets, derived_mac, hostdev_addresses,
     is_xml_name, read_cpu, read_max_memory, read_max_vcpus, read_memory, read_vcpus)
 from .._core._errors import ConflictError, InvalidInputError
+from ._storage_paths import check_allowed_paths
 from .._host._pci import group_blockers
 from .._host._pci_select import parse_selector
 from .._core._validate import (
@@ -97,6 +98,7 @@ class DomainRequest:
         self.name = object_name("name", params["name"])
         self.desired: Dict[str, Any] = {}
         self.new_hostdevs: List[str] = []
+        self._storage_policy: Any = False  # read from the host once, by the first disk with a path
 
     # ------------------------------------------------------------------ entry point
     def build(self) -> Dict[str, Any]:
@@ -376,6 +378,7 @@ class DomainRequest:
 
     def _storage(self) -> None:
         p, d = self.params, self.desired
+        check_allowed_paths(p.get("allowed_paths"))
         disks = [self._disk("disks[%d]" % i, item, "disk") for i, item in enumerate(p.get("disks") or [])]
         cdroms = [self._disk("cdroms[%d]" % i, item, "cdrom") for i, item in enumerate(p.get("cdroms") or [])]
         assign_targets(disks, cdroms)
@@ -409,6 +412,8 @@ class DomainRequest:
             if self.service.path_exists(path) is False:
                 raise InvalidInputError(option + ".path", path, "does not exist",
                                         "create the image first or fix the path")
+            if device == "disk":
+                self._check_disk_path(option + ".path", path)
             fmt = fmt or ("qcow2" if path.endswith(".qcow2") else "raw")
         out = {"pool": pool, "volume": volume, "path": path, "format": fmt,
                "bus": item.get("bus") or ("virtio" if device == "disk" else "sata"),
@@ -416,6 +421,14 @@ class DomainRequest:
         if device == "disk":
             out["readonly"] = bool(item.get("readonly"))
         return out
+
+    def _check_disk_path(self, option: str, path: str) -> None:
+        """A disk file the guest will read and write: inside the host's storage pools or
+        allowed_paths, with a backing chain of image files that ends (_storage_paths)."""
+        if self._storage_policy is False:
+            self._storage_policy = self.service.storage_policy(self.params.get("allowed_paths"))
+        if self._storage_policy is not None:  # None: rendered, no host to ask
+            self._storage_policy.check_image(option, path)
 
     def _interfaces(self) -> None:
         p = self.params

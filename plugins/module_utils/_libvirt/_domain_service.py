@@ -13,6 +13,7 @@ from ._domain_pci import NodeDevPci, SysfsPci
 from ._domain_spec import GUEST_AGENT_CHANNEL, MLINFRA_NS, MLINFRA_PREFIX, hostdev_addresses, metadata_element
 from .._core._errors import KvmError
 from ._libvirt import call, libvirt, lookup
+from ._storage_paths import StoragePolicy
 from ._uri import is_local
 from .._core._xml import etree, parse, to_string
 
@@ -149,6 +150,10 @@ class DomainService:
         if not is_local(self.uri):
             return None
         return os.path.exists(path)
+
+    def storage_policy(self, allowed_paths: Any) -> StoragePolicy:
+        """Where a disk image may lie on this host: its storage pools, plus allowed_paths."""
+        return StoragePolicy.of_host(self.conn, allowed_paths, is_local(self.uri))
 
     def pci(self) -> Any:
         """The PCI source: sysfs for local URIs (the test seam), libvirt's nodedev API otherwise."""

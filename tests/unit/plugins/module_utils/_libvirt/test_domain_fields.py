@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 DOC = yaml.safe_load(domain_module.DOCUMENTATION)
 ACTIONS = {"name", "state", "autostart", "restart", "shutdown_timeout", "force", "wait_for_ip",
-           "wait_for_ip_timeout", "sysfs_root", "uri"}
+           "wait_for_ip_timeout", "sysfs_root", "uri", "allowed_paths"}
 TABLE_OPTIONS = [(f.key, option) for f in S.FIELD_TABLE for option in f.options]
 
 

@@ -135,8 +135,9 @@ def _text_paths(spec: Dict[str, Any], prefix: str = "") -> List[str]:
     return out
 
 
-# Not written into XML (uri, sysfs_root), or validated strictly before (name: object_name).
-NOT_XML = {"name", "uri", "sysfs_root"}
+# Not written into XML (uri, sysfs_root, allowed_paths: check_allowed_paths refuses control
+# characters itself), or validated strictly before (name: object_name).
+NOT_XML = {"name", "uri", "sysfs_root", "allowed_paths[]"}
 
 
 @pytest.mark.parametrize("module,table", [
