@@ -358,6 +358,36 @@ def _tls_server(tmp_path: Path):
     return server, ca
 
 
+def role_ca_copy(tmp_path: Path, ca: Path) -> Path:
+    """The role's copy of monitoring_mlflow_ca_file (__monitoring_mlflow_ca_files, the entry
+    config.yml hands to mlinfra.kvm.config_files), evaluated by Ansible and written with the
+    copy module at a temporary path: the bytes the probe reads on the monitoring host."""
+    out = tmp_path / "role-copy-of-ca.crt"
+    play = tmp_path / "ca-copy.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "the role's CA copy", "hosts": "localhost", "gather_facts": False, "connection": "local",
+        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
+        "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        "tasks": [{"name": "write it", "ansible.builtin.copy": {
+            "content": "{{ (__monitoring_mlflow_ca_files | first).content }}", "dest": str(out), "mode": "0644"}}],
+    }], sort_keys=False))
+    # An extra var, above the role defaults that vars_files loads.
+    proc = run_playbook(play, "-e", json.dumps({"monitoring_mlflow_ca_file": str(ca)}))
+    assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:], proc.stderr[-2000:])
+    return out
+
+
+def test_the_role_s_copy_of_the_mlflow_ca_is_the_certificate(tmp_path):
+    """The copy is the CA file's PEM with exactly one final newline: no literal backslash-n
+    (which the probe's TLS client cannot parse, MLflowUnreachable firing on a healthy lab)."""
+    _server, ca = _tls_server(tmp_path)
+    _server.shutdown()
+    copy = role_ca_copy(tmp_path, ca).read_bytes()
+    assert copy == ca.read_bytes().rstrip(b"\n") + b"\n", copy[-80:]
+    parsed = subprocess.run(["openssl", "x509", "-noout", "-subject"], input=copy, capture_output=True, check=False)
+    assert parsed.returncode == 0 and b"test CA" in parsed.stdout, parsed.stderr
+
+
 @pytest.mark.parametrize("with_ca", [True, False])
 def test_blackbox_probe_trusts_the_mlflow_ca(tmp_path, with_ca):
     """The rendered blackbox.yml against a real blackbox exporter and an HTTPS server: with
@@ -372,9 +402,9 @@ def test_blackbox_probe_trusts_the_mlflow_ca(tmp_path, with_ca):
     server, ca = _tls_server(tmp_path)
     out = render(tmp_path, "blackbox.yml.j2", {"monitoring_mlflow_ca_file": str(ca) if with_ca else ""})
     config = yaml.safe_load(out.read_text())
-    if with_ca:   # the exporter reads the role's copy of the CA; here it is pointed at the file itself
+    if with_ca:   # the exporter reads the role's copy of the CA, written here as the role writes it
         assert config["modules"]["mlflow_health"]["http"]["tls_config"] == {"ca_file": "/etc/prometheus/mlflow-ca.crt"}
-        config["modules"]["mlflow_health"]["http"]["tls_config"]["ca_file"] = str(ca)
+        config["modules"]["mlflow_health"]["http"]["tls_config"]["ca_file"] = str(role_ca_copy(tmp_path, ca))
     else:
         assert "tls_config" not in config["modules"]["mlflow_health"]["http"]
     out.write_text(yaml.safe_dump(config))
