@@ -8,6 +8,7 @@ runs has no disk (SeaBIOS waits for a boot device), so nothing here boots a gues
 """
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Dict, List
 
@@ -65,8 +66,9 @@ def test_mixed_list_new_changed_unchanged_four_ways(libvirt_cleanup, run_module)
 
 def test_merged_keeps_what_an_item_leaves_out_replaced_declares_the_whole_domain(libvirt_cleanup, run_module, disk):
     name = libvirt_cleanup + "vm"
+    # allowed_paths: the disk is outside every storage pool (pytest's tmp_path).
     full = small(name, disks=[{"path": disk}], metadata={"role": "worker", "team": "nlp"},
-                 description="first", autostart=True)
+                 description="first", autostart=True, allowed_paths=[os.path.dirname(disk)])
     assert run_module("domains", {"uri": URI, "config": [full]})["changed"]
     # merged: the item names only the description; disks, metadata and autostart stay.
     merged = four_ways("domains", {"uri": URI, "config": [{"name": name, "description": "second"}]})
@@ -139,7 +141,7 @@ def test_gathered_fed_back_changes_nothing(libvirt_cleanup, run_module, disk):
                  cpu={"mode": "maximum", "sockets": 1, "cores": 2, "threads": 1},
                  disks=[{"path": disk, "bus": "sata"}], interfaces=[{"network": net}],
                  metadata={"role": "trainer"}, description="gathered", autostart=True, rng=False,
-                 console_log="/var/log/mlkvm-test-console.log")
+                 console_log="/var/log/mlkvm-test-console.log", allowed_paths=[os.path.dirname(disk)])
     running = small(libvirt_cleanup + "up", state="running")
     assert run_module("domains", {"uri": URI, "config": [rich, running]})["changed"]
     scope = {"name_prefix": libvirt_cleanup}
@@ -151,6 +153,7 @@ def test_gathered_fed_back_changes_nothing(libvirt_cleanup, run_module, disk):
     assert item["interfaces"][0]["network"] == net and item["autostart"] is True and item["rng"] is False
     assert gathered["gathered"][1]["state"] == "running"
     for state in ("merged", "replaced", "overridden"):
-        again = run_module("domains", {"uri": URI, "state": state, "scope": scope, "config": gathered["gathered"]},
-                           diff=True)
+        # A gathered item lists the disk's path; allowed_paths lets its directory in, as it did above.
+        config = [dict(i, allowed_paths=[os.path.dirname(disk)]) for i in gathered["gathered"]]
+        again = run_module("domains", {"uri": URI, "state": state, "scope": scope, "config": config}, diff=True)
         assert again["failed"] is False and again["changed"] is False, (state, again)

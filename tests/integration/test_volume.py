@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 
 import libvirt
@@ -28,8 +29,9 @@ def qemu_img_info(path):
 
 
 @pytest.fixture
-def base_image(tmp_path):
-    path = str(tmp_path / "base.qcow2")
+def base_image(pool):
+    # In the pool's directory: a backing image must lie in a storage pool (or allowed_paths).
+    path = os.path.join(pool["path"], "base.qcow2")
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", path, "1G"], check=True)
     return path
 
@@ -424,4 +426,121 @@ def test_a_failure_after_a_change_reports_changed_and_what_was_done(pool, run_mo
     assert result["failed"] and result["changed"] is True, result
     assert result["done"] == ["deleted leftover partial import half.raw" + PARTIAL]
     assert "already done: deleted leftover partial import" in result["msg"]
+    assert pool_volumes(pool["name"]) == []
+
+
+# -- backing: inside the host's storage pools (or allowed_paths), a chain that ends -------------
+
+def unsafe_overlay(path, backing):
+    """A qcow2 image naming ``backing`` without qemu-img opening it (it may not exist yet)."""
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(backing), "-u",
+                    str(path), "16M"], check=True)
+    return str(path)
+
+
+def self_backed(path):
+    """A qcow2 image that names itself as its backing file (qemu-img refuses to make one: its
+    header is rewritten, offset 8 holding where the name is, 16 its length)."""
+    name = os.path.basename(path)
+    unsafe_overlay(path, "x" * len(name))
+    with open(path, "r+b") as handle:
+        offset, size = struct.unpack(">QI", handle.read(20)[8:20])
+        assert size == len(name)
+        handle.seek(offset)
+        handle.write(name.encode())
+    return path
+
+
+def assert_backing_refused(run_module, pool, args, *fragments):
+    for check in (True, False):
+        result = run_module("volume", dict(args, pool=pool["name"]), check=check)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["option"] == "backing" and result["msg"].startswith("option backing: value %r" % args["backing"])
+        for fragment in fragments:
+            assert fragment in result["msg"], result["msg"]
+    assert args["name"] not in pool_volumes(pool["name"]), "a refusal creates nothing"
+    assert not os.path.exists(os.path.join(pool["path"], args["name"]))
+
+
+@pytest.mark.timeout(120)  # qemu-img (in libvirtd) spins for ever on such a chain: the guard of this test
+@pytest.mark.parametrize("shape", ["a-b-a", "self"])
+def test_a_looping_backing_chain_is_refused_at_once(pool, run_module, tmp_path, shape):
+    images = tmp_path / "images"
+    images.mkdir()
+    a = str(images / "a.qcow2")
+    if shape == "self":
+        self_backed(a)
+        loop = "%s -> %s" % (a, a)
+    else:
+        b = unsafe_overlay(images / "b.qcow2", a)
+        unsafe_overlay(a, b)
+        loop = "%s -> %s -> %s" % (a, b, a)
+    args = {"name": "loop.qcow2", "backing": a, "allowed_paths": [str(images)]}
+    assert_backing_refused(run_module, pool, args, "has a backing chain that loops: " + loop,
+                           "without a backing file")
+
+
+@pytest.mark.timeout(120)  # opening a FIFO waits for a writer for ever
+def test_a_fifo_as_backing_or_in_its_chain_is_refused_at_once(pool, run_module, tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    fifo = str(images / "pipe.qcow2")
+    os.mkfifo(fifo)
+    assert_backing_refused(run_module, pool, {"name": "f1.qcow2", "backing": fifo, "allowed_paths": [str(images)]},
+                           "is a FIFO (named pipe), not a disk image", "a regular file (qcow2 or raw) or a block device")
+    top = unsafe_overlay(images / "top.qcow2", fifo)
+    assert_backing_refused(run_module, pool, {"name": "f2.qcow2", "backing": top, "allowed_paths": [str(images)]},
+                           "has %s in its backing chain, which is a FIFO" % fifo)
+
+
+def test_a_host_file_outside_every_pool_is_refused(pool, run_module):
+    assert_backing_refused(run_module, pool, {"name": "shadow.qcow2", "backing": "/etc/shadow"},
+                           "lies at /etc/shadow, outside the host's storage pools", pool["name"],
+                           "list its directory in allowed_paths")
+
+
+def test_a_symlink_or_dotdot_out_of_the_pool_is_refused(pool, base_image, run_module, tmp_path):
+    outside = str(tmp_path / "outside.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", outside, "16M"], check=True)
+    link = os.path.join(pool["path"], "link.qcow2")
+    os.symlink(outside, link)
+    assert_backing_refused(run_module, pool, {"name": "l.qcow2", "backing": link}, "(resolved: %s)" % outside)
+    dotdot = os.path.join(pool["path"], "..", "outside.qcow2")
+    assert_backing_refused(run_module, pool, {"name": "d.qcow2", "backing": dotdot}, "(resolved: %s)" % outside)
+    # A chain that leaves the pool one image down is refused too.
+    top = unsafe_overlay(os.path.join(pool["path"], "leaves.qcow2"), outside)
+    assert_backing_refused(run_module, pool, {"name": "t.qcow2", "backing": top},
+                           "has %s in its backing chain, outside" % outside)
+
+
+def test_a_base_image_in_allowed_paths_is_used_four_ways(pool, tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    base = str(images / "base.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", base, "64M"], check=True)
+    results = four_ways("volume", {"name": "kept-elsewhere.qcow2", "pool": pool["name"], "backing": base,
+                                   "allowed_paths": [str(images)]})
+    assert results["apply"]["volume"]["backing"] == base
+    assert qemu_img_info(results["apply"]["volume"]["path"])["backing-filename"] == base
+
+
+def test_an_import_with_a_backing_file_is_refused(pool, run_module, tmp_path):
+    src = unsafe_overlay(tmp_path / "overlay.qcow2", "/etc/shadow")
+    for check in (True, False):
+        result = run_module("volume", {"name": "imp.qcow2", "pool": pool["name"], "import_from": src}, check=check)
+        assert result["failed"] and result["changed"] is False, result
+        assert result["msg"].startswith("option import_from: value %r has a backing file (/etc/shadow)" % src)
+    assert pool_volumes(pool["name"]) == []
+
+
+@pytest.mark.timeout(120)
+def test_volumes_list_refuses_a_looping_item_before_anything_changes(pool, run_module, tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    a = self_backed(str(images / "a.qcow2"))
+    result = run_module("volumes", {"config": [
+        {"name": "fine.qcow2", "pool": pool["name"], "capacity": "8M"},
+        {"name": "loop.qcow2", "pool": pool["name"], "backing": a, "allowed_paths": [str(images)]}]})
+    assert result["failed"] and result["changed"] is False, result
+    assert "has a backing chain that loops" in result["msg"], result["msg"]
     assert pool_volumes(pool["name"]) == []
