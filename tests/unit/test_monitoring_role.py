@@ -430,3 +430,37 @@ def test_blackbox_probe_trusts_the_mlflow_ca(tmp_path, with_ca):
         proc.terminate()
         proc.wait(timeout=30)
         server.shutdown()
+
+
+NODE_XML = """<node>
+  <domain type='test' xmlns:test='http://libvirt.org/schemas/domain/test/1.0'>
+    <name>vm-running</name><memory>65536</memory><vcpu>1</vcpu><os><type>hvm</type></os>
+  </domain>
+  <domain type='test' xmlns:test='http://libvirt.org/schemas/domain/test/1.0'>
+    <name>vm-off</name><memory>65536</memory><vcpu>1</vcpu><os><type>hvm</type></os>
+    <test:runstate>5</test:runstate>
+  </domain>
+</node>
+"""
+
+
+def test_vm_state_collector_publishes_defined_but_shut_off_domains(tmp_path):
+    """roles/monitoring/files/mlinfra_vm_state.py against libvirt's test driver (a node file
+    with a running and a defined-but-shut-off domain): both appear with their real state, from
+    libvirt's list of all domains; a URI libvirt cannot open leaves no state lines."""
+    import sys
+    pytest.importorskip("libvirt", reason="python3-libvirt (libvirt-python) is not installed; `make setup` installs it")
+    script = ROLE / "files" / "mlinfra_vm_state.py"
+    node = tmp_path / "node.xml"
+    node.write_text(NODE_XML)
+    out = tmp_path / "mlinfra_vm_state.prom"
+    proc = subprocess.run([sys.executable, str(script), "--uri", "test://%s" % node, "--textfile", str(out), "--once"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    samples = [line for line in out.read_text().splitlines() if line and not line.startswith("#")]
+    assert samples[:2] == ['mlinfra_vm_state{domain="vm-off"} 5', 'mlinfra_vm_state{domain="vm-running"} 1'], samples
+    assert samples[2].startswith("mlinfra_vm_state_read_timestamp_seconds ") and len(samples) == 3, samples
+    proc = subprocess.run([sys.executable, str(script), "--uri", "test://%s" % (tmp_path / "missing.xml"),
+                           "--textfile", str(out), "--once"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1 and "cannot read libvirt" in proc.stderr, proc.stderr
+    assert [line for line in out.read_text().splitlines() if line and not line.startswith("#")] == []
