@@ -627,8 +627,11 @@
 
   async function loadVms(win) {
     const perDomain = (metric) => `sum by (host, domain) (rate(${metric}{${LV}}[${win.rate}]))`;
-    const [states, vcpus, memory, nodeUp, cpu, rd, wr, rx, tx] = await Promise.all([
+    const [states, allStates, vcpus, memory, nodeUp, cpu, rd, wr, rx, tx] = await Promise.all([
       instant(`libvirt_domain_state_code{${LV}}`),
+      // Every domain libvirt defines, running or not (the hypervisor's mlinfra-vm-state
+      // collector): the libvirt exporter publishes running domains only.
+      instant('mlinfra_vm_state{job="node"}'),
       instant(`libvirt_domain_info_virtual_cpus{${LV}}`),
       instant(`libvirt_domain_info_memory_usage_bytes{${LV}}`),
       instant(`up{job="node",role!="hypervisor"}`),
@@ -657,7 +660,15 @@
         agent: agents.get(name),
       });
     }
-    // VMs whose node exporter is scraped but which no hypervisor's libvirt reports.
+    // Defined but not running (shut off, crashed...): no libvirt exporter series to chart.
+    for (const s of allStates) {
+      const k = key(s.labels);
+      if (seen.has(k)) continue;
+      seen.add(k);
+      vms.push({ key: k, name: s.labels.domain, hypervisor: s.labels.host || s.labels.instance, state: s.value,
+        agent: agents.get(s.labels.domain) });
+    }
+    // VMs whose node exporter is scraped but which no hypervisor's libvirt defines.
     const inLibvirt = new Set(vms.map((v) => v.name));
     for (const [name, agent] of agents) {
       if (!inLibvirt.has(name)) vms.push({ key: 'node/' + name, name, hypervisor: null, state: null, agent });
@@ -1056,7 +1067,7 @@
         s.hypervisorsDown ? 'bad' : 'ok');
     }
     if ('vms' in s) {
-      chip(s.vmsRunning + '/' + s.vms + ' VMs running' + (s.vmsUnmanaged ? ', +' + s.vmsUnmanaged + ' unmanaged' : ''),
+      chip(s.vmsRunning + '/' + s.vms + ' VMs running' + (s.vmsUnmanaged ? ', +' + s.vmsUnmanaged + ' not defined in a scraped libvirt' : ''),
         s.vmsRunning === s.vms ? 'ok' : 'warn',
         s.vmsUnmanaged ? plural(s.vmsUnmanaged, 'VM') + ' scraped by the node job but defined in no scraped libvirt' : null);
     }
