@@ -12,9 +12,16 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ._errors import InvalidInputError
 
-# Stricter than libvirt on purpose: these names become file names, bridge names and
-# inventory host names, so XML/shell metacharacters and path separators are refused.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+# Names of libvirt objects (domains, networks, pools, volumes, snapshots) and of what the
+# collection makes from them. Stricter than libvirt on purpose: these names become file names
+# (libvirt's NAME.xml, a network's dnsmasq NAME.conf/.hostsfile/.addnhosts, a domain's
+# per-guest directories and sockets, the host lock KIND@POOL@NAME.lock), iptables comments and
+# inventory host names, so XML/shell metacharacters, '/', whitespace and control characters are
+# refused. At most NAME_MAX characters: with libvirt's suffixes and prefixes a name stays well
+# under Linux's 255-byte file names and 108-byte socket paths, and 64 is the DNS label limit
+# (63) plus one, so a guest's name can be its host name.
+NAME_MAX = 64
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,%d}$" % (NAME_MAX - 1))
 _MAC_RE = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 _PCI_RE = re.compile(r"^(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.IGNORECASE)
@@ -23,11 +30,17 @@ _SIZE_MAX = 1024 ** 6  # 1 EiB
 
 
 def object_name(option: str, value: Any) -> str:
+    """A name as the collection takes it (see NAME_MAX); libvirt object names are checked with it
+    before any lock, file or libvirt call (_host_lock.local_object_lock)."""
+    if isinstance(value, str) and len(value) > NAME_MAX:
+        raise InvalidInputError(
+            option, value, "is not a valid name: it has %d characters, more than %d" % (len(value), NAME_MAX),
+            "use at most %d characters (the name becomes file, socket and host names)" % NAME_MAX)
     if not isinstance(value, str) or not _NAME_RE.match(value):
         raise InvalidInputError(
             option, value, "is not a valid name",
-            "use 1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or digit "
-            "(no '/', '<', '&', quotes or spaces)")
+            "use 1-%d letters, digits, '.', '_', '+' or '-', starting with a letter or digit "
+            "(no '/', '<', '&', quotes, spaces or control characters)" % NAME_MAX)
     return value
 
 

@@ -293,7 +293,7 @@ class PoolRunner(ObjectRunner):
         """Delete one volume under its own host lock, so that a volume run still allocating or
         uploading it finishes first: a purge never deletes a volume half made. What that run
         left is looked up again."""
-        with local_object_lock(self.local, "volume", lock_name(name), scope=pool.name()):
+        with local_object_lock(self.local, "volume", lock_name(name), scope=pool.name(), option=None):
             vol = self.service.volume(pool, name)
             if vol is not None:  # else the run that held the lock removed or renamed it
                 self.service.delete_volume(vol)

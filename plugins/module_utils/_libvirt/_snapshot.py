@@ -393,5 +393,5 @@ def argument_spec() -> Dict[str, Any]:
 def run_snapshot(module: AnsibleModule, conn: Any, local: bool) -> Dict[str, Any]:
     """One snapshot, on an open connection, under its domain's host lock: a revert and a
     domain run on the same guest take turns."""
-    with local_object_lock(local, "domain", module.params["domain"]):
+    with local_object_lock(local, "domain", module.params["domain"], option="domain"):
         return SnapshotRunner(module, SnapshotService(conn)).run()
