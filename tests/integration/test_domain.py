@@ -489,3 +489,58 @@ def test_wait_for_ip_timeout_reports_what_was_done(env, run_module):
     assert result["failed"] and "no IPv4 address" in result["msg"] and "wait_for_ip_timeout" in result["msg"]
     assert result["changed"] is True and result["actions"] == ["define", "start"]
     assert state_of(env) == libvirt.VIR_DOMAIN_RUNNING
+
+
+# --------------------------------------------------------------------------- disk paths
+
+def pool_dir(env) -> str:
+    """The target directory of the test's pool (the disk paths the policy lets in by itself)."""
+    from lxml import etree
+    return etree.fromstring(env["conn"].storagePoolLookupByName(env["pool"]).XMLDesc(0).encode()).findtext("target/path")
+
+
+@pytest.mark.parametrize("path", ["/etc/shadow", "/dev/zero"])
+def test_refuses_a_disk_path_outside_every_pool(env, run_module, path):
+    """A host file as a guest's disk (the guest would read /etc/shadow) is refused before libvirt
+    is asked; the message names the pools and the way out."""
+    result = refused(env, run_module, base(env, disks=[{"path": path}]),
+                     "option disks[0].path: value %r lies at %s, outside the host's storage pools" % (path, path),
+                     env["pool"], "list its directory in allowed_paths")
+    assert result["option"] == "disks[0].path"
+    assert not _exists(env)
+
+
+def test_a_disk_path_inside_a_pool_four_ways(env):
+    path = os.path.join(pool_dir(env), "b.qcow2")
+    results = four_ways("domain", base(env, disks=[{"path": path}]))
+    assert results["apply"]["domain"]["disks"][0]["path"] == path
+
+
+def test_a_disk_path_outside_the_pools_needs_allowed_paths(env, run_module):
+    images = env["tmp"] / "images"
+    images.mkdir()
+    disk = str(images / "disk.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", disk, "16M"], check=True)
+    refused(env, run_module, base(env, disks=[{"path": disk}]), "outside the host's storage pools")
+    link = os.path.join(pool_dir(env), "link.qcow2")  # a symlink in the pool does not let it in
+    os.symlink(disk, link)
+    refused(env, run_module, base(env, disks=[{"path": link}]), "(resolved: %s)" % disk)
+    results = four_ways("domain", base(env, disks=[{"path": disk}], allowed_paths=[str(images)]))
+    assert results["apply"]["domain"]["disks"][0]["path"] == disk
+
+
+@pytest.mark.timeout(120)  # a looping chain or a FIFO would hold qemu-img (and libvirtd) for ever
+def test_refuses_a_disk_whose_chain_loops_or_is_a_fifo(env, run_module):
+    images = env["tmp"] / "chain"
+    images.mkdir()
+    a, b = str(images / "a.qcow2"), str(images / "b.qcow2")
+    for image, backing in ((b, a), (a, b)):
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", backing, "-u", image, "16M"],
+                       check=True)
+    refused(env, run_module, base(env, disks=[{"path": a}], allowed_paths=[str(images)]),
+            "option disks[0].path: value %r has a backing chain that loops: %s -> %s -> %s" % (a, a, b, a))
+    fifo = str(images / "pipe.raw")
+    os.mkfifo(fifo)
+    refused(env, run_module, base(env, disks=[{"path": fifo, "format": "raw"}], allowed_paths=[str(images)]),
+            "is a FIFO (named pipe), not a disk image")
+    assert not _exists(env)
