@@ -248,3 +248,85 @@ def test_the_secret_scan_finds_a_leak():
             "argv": ["mlflow", "db", "upgrade", "{{ __mlflow_server_backend_uri }}"]}}]}]
     assert leaks(command_arguments(tasks, "x"), secret_variables(role_variables())) == [
         ("x", "leaky", ["db_password"]), ("x", "nested", ["__mlflow_server_backend_uri"])]
+
+
+# -- every external command the roles run is bounded --------------------------------------------
+
+RUNNERS = {"ansible.builtin.command", "ansible.builtin.shell", "ansible.builtin.raw", "ansible.builtin.script",
+           "command", "shell", "raw", "script"}
+SHELLS = {"ansible.builtin.shell", "shell"}
+# Roles whose command tasks are not bounded yet; strict, so the mark fails once they are.
+UNBOUNDED_ROLES = {"monitoring": "its command tasks (exporters, packages, dashboard, server, targets) have no timeout",
+                   "pipeline": "its command tasks (rendezvous_firewall, train) have no timeout"}
+
+
+def command_tasks(tasks, where: str):
+    """(where, task) of every command/shell/raw/script task, in blocks and plays too."""
+    for task in tasks or []:
+        if not isinstance(task, dict):
+            continue
+        for nested in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers"):
+            yield from command_tasks(task.get(nested), where)
+        if RUNNERS & set(task):
+            yield where, task
+
+
+def unbounded_task(task: dict) -> bool:
+    """No task keyword ``timeout`` (a positive number or a template): such a task can hang the
+    play forever (psql waiting on a lock, update-initramfs, nvidia-smi on a wedged GPU)."""
+    bound = task.get("timeout")
+    return not (isinstance(bound, int) and not isinstance(bound, bool) and bound > 0
+                or isinstance(bound, str) and "{{" in bound)
+
+
+def unbounded(files) -> list:
+    """(file, task name) of each command task without a timeout."""
+    return [(where, task.get("name")) for path in files
+            for where, task in command_tasks(yaml.safe_load(path.read_text()), str(path.relative_to(ROOT)))
+            if unbounded_task(task)]
+
+
+def task_files(role: str = None) -> list:
+    if role is None:
+        return sorted(ROOT.glob("playbooks/*.yml"))
+    base = ROOT / "roles" / role
+    return sorted(base.glob("tasks/*.yml")) + sorted(base.glob("handlers/*.yml"))
+
+
+def bounded_params():
+    roles = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
+    out = [pytest.param(None, id="playbooks")]
+    for role in roles:
+        marks = [pytest.mark.xfail(strict=True, reason=UNBOUNDED_ROLES[role])] if role in UNBOUNDED_ROLES else []
+        out.append(pytest.param(role, id=role, marks=marks))
+    return out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("role", bounded_params())
+def test_every_command_task_has_a_timeout(role):
+    assert unbounded(task_files(role)) == []
+
+
+@pytest.mark.unit
+def test_the_timeout_gate_finds_an_unbounded_task(tmp_path):
+    # The gate must be able to fail: a command in a block, a zero timeout, a handler in a play.
+    probe = tmp_path / "probe.yml"
+    probe.write_text(yaml.safe_dump([
+        {"block": [{"name": "nested", "ansible.builtin.command": {"argv": ["psql"]}}]},
+        {"name": "zero", "timeout": 0, "ansible.builtin.command": {"argv": ["update-grub"]}},
+        {"name": "bounded", "timeout": 60, "ansible.builtin.command": {"argv": ["nvidia-smi"]}},
+        {"name": "templated", "timeout": "{{ t }}", "ansible.builtin.command": {"argv": ["apt-get"]}},
+        {"hosts": "all", "handlers": [{"name": "handler", "ansible.builtin.raw": "reboot"}]}]))
+    assert [task.get("name") for _where, task in command_tasks(yaml.safe_load(probe.read_text()), "x")
+            if unbounded_task(task)] == ["nested", "zero", "handler"]
+
+
+@pytest.mark.unit
+def test_no_shell_task():
+    # Commands are argv lists, never shell strings (quoting, injection).
+    files = task_files() + [p for role in sorted((ROOT / "roles").iterdir()) for p in task_files(role.name)]
+    shells = [(where, task.get("name")) for path in files
+              for where, task in command_tasks(yaml.safe_load(path.read_text()), str(path.relative_to(ROOT)))
+              if SHELLS & set(task)]
+    assert shells == []
