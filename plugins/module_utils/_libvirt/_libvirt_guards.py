@@ -15,6 +15,7 @@ import json
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from .._core._command import CommandNotFoundError
 from .._core._errors import LibvirtCallError
 from ._libvirt import call, error_of, libvirt, lookup
 from .._core import _xml as X
@@ -147,14 +148,33 @@ class DiskUsage:
 
 # -- networks -----------------------------------------------------------------------------------
 
-def host_addresses(run_command: Callable[[List[str]], Tuple[int, str, str]]) -> Optional[Dict[str, List[Any]]]:
-    """IPv4 interfaces of the host per device (from ``ip -j``); None when unreadable."""
-    rc, out, _err = run_command(["ip", "-j", "-4", "addr", "show"])
+# Seconds for one `ip -j` read: it answers at once; the bound only keeps a wedged netlink
+# from holding the task.
+IP_TIMEOUT_S = 30
+
+Run = Callable[[List[str]], Tuple[int, str, str]]
+
+
+def _ip_json(run: Run, argv: List[str]) -> Optional[List[Dict[str, Any]]]:
+    """``ip -j ...`` parsed; None when it cannot be read (no `ip`, an error, not JSON)."""
+    try:
+        rc, out, _err = run(argv)
+    except CommandNotFoundError:
+        return None
     if rc != 0:
         return None
     try:
-        links = json.loads(out or "[]")
+        found = json.loads(out or "[]")
     except ValueError:
+        return None
+    return found if isinstance(found, list) else None
+
+
+def host_addresses(run: Run) -> Optional[Dict[str, List[Any]]]:
+    """IPv4 interfaces of the host per device (from ``ip -j``); None when unreadable.
+    ``run``: a bounded command runner (run_bounded's shape, ``argv -> (rc, out, err)``)."""
+    links = _ip_json(run, ["ip", "-j", "-4", "addr", "show"])
+    if links is None:
         return None
     found: Dict[str, List[Any]] = {}
     for link in links:
@@ -162,6 +182,27 @@ def host_addresses(run_command: Callable[[List[str]], Tuple[int, str, str]]) -> 
             if info.get("family") == "inet" and info.get("local"):
                 found.setdefault(link.get("ifname"), []).append(
                     ipaddress.IPv4Interface("%s/%s" % (info["local"], info.get("prefixlen", 32))))
+    return found
+
+
+def host_routes(run: Run) -> Optional[List[Tuple[Any, str]]]:
+    """(destination network, device) of every IPv4 route of the host's main table but the
+    default route (from ``ip -j -4 route show``); None when unreadable. libvirt refuses to start a
+    network whose subnet the host already routes ("Network is already in use by interface")."""
+    routes = _ip_json(run, ["ip", "-j", "-4", "route", "show"])
+    if routes is None:
+        return None
+    found = []
+    for route in routes:
+        dst = route.get("dst")
+        if not dst or dst == "default":
+            continue
+        try:
+            network = ipaddress.IPv4Network(dst if "/" in dst else dst + "/32", strict=False)
+        except ValueError:
+            continue
+        if network.prefixlen:
+            found.append((network, route.get("dev") or route.get("gateway") or "?"))
     return found
 
 
@@ -191,11 +232,13 @@ def other_networks(conn: Any, name: str) -> List[Dict[str, Any]]:
 
 def network_start_blockers(spec: Dict[str, Any], own_bridge: Optional[str], others: Iterable[Dict[str, Any]],
                            host_addrs: Optional[Dict[str, List[Any]]],
-                           host_links: Optional[Iterable[str]]) -> List[Tuple[str, Any, str, str]]:
+                           host_links: Optional[Iterable[str]],
+                           host_routes: Optional[List[Tuple[Any, str]]] = None) -> List[Tuple[str, Any, str, str]]:
     """Why ``spec`` could not start: (option, value, problem, fix) tuples, empty when none known.
 
-    ``own_bridge`` is the bridge of the running network about to be stopped: its address and
-    name go away with it, so they are no conflict. ``host_addrs``/``host_links`` are None when
+    ``own_bridge`` is the bridge that belongs to this network already (the running network about
+    to be stopped, or what an unfinished start of it left): its address, routes and name go away
+    with it, so they are no conflict. ``host_addrs``/``host_links``/``host_routes`` are None when
     the host cannot be inspected (a remote URI): only libvirt's own networks are checked then.
     """
     blockers: List[Tuple[str, Any, str, str]] = []
@@ -204,7 +247,7 @@ def network_start_blockers(spec: Dict[str, Any], own_bridge: Optional[str], othe
         blockers += _bridge_blockers(spec["bridge"], others, host_links)
     if spec.get("address") and spec.get("prefix"):
         subnet = ipaddress.IPv4Interface("%s/%s" % (spec["address"], spec["prefix"])).network
-        blockers += _subnet_blockers(subnet, own_bridge, others, host_addrs)
+        blockers += _subnet_blockers(subnet, own_bridge, others, host_addrs, host_routes)
         blockers += _dhcp_blockers(spec, subnet)
     return blockers
 
@@ -221,7 +264,8 @@ def _bridge_blockers(bridge: str, others: List[Dict[str, Any]], host_links: Opti
 
 
 def _subnet_blockers(subnet: Any, own_bridge: Optional[str], others: List[Dict[str, Any]],
-                     host_addrs: Optional[Dict[str, List[Any]]]) -> List[Tuple]:
+                     host_addrs: Optional[Dict[str, List[Any]]],
+                     host_routes: Optional[List[Tuple[Any, str]]] = None) -> List[Tuple]:
     found = []
     for other in others:
         clash = [str(s) for s in other["subnets"] if s.overlaps(subnet)]
@@ -235,6 +279,11 @@ def _subnet_blockers(subnet: Any, own_bridge: Optional[str], others: List[Dict[s
         if dev not in skip and clash:
             found.append(("address", str(subnet), "overlaps %s on host interface %s" % (", ".join(clash), dev),
                           "choose a subnet that the host does not use"))
+            skip.add(dev)  # its own (kernel) route says the same again
+    for destination, dev in host_routes or []:
+        if dev not in skip and destination.overlaps(subnet):
+            found.append(("address", str(subnet), "overlaps %s, which the host routes through %s" % (destination, dev),
+                          "choose a subnet that the host does not route (see `ip -4 route`)"))
     return found
 
 

@@ -14,13 +14,14 @@ from ansible.module_utils.basic import AnsibleModule
 
 from .._core._runner import ObjectRunner
 from .._core._errors import InvalidInputError, KvmError, LibvirtCallError
+from .._core._command import module_runner, run_bounded
 from .._core._host_lock import local_object_lock
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
-from ._libvirt_guards import (host_addresses, network_start_blockers, other_networks)
+from ._libvirt_guards import (IP_TIMEOUT_S, host_addresses, host_routes, network_start_blockers, other_networks)
 from ._network_leftovers import Leftovers
 from .._core._validate import (int_range, ipv4_address, mac_address, object_name, plain_texts)
 from ._fields import LIVE, RESTART, Field, changed_with, compare, keys_with_change, option_specs
-from ._resource_list import ResourceKind, read_listed
+from ._resource_list import ItemModule, ResourceKind, read_listed
 from .._core import _xml as X
 
 # A network's fields, declared once: the options each is made from (with their argument spec
@@ -401,6 +402,8 @@ class NetworkRunner(ObjectRunner):
         if p["state"] == "absent":
             self.ensure_absent(net)
         else:
+            if p["state"] == "active" and (net is None or not net.isActive()):
+                self.guard_start(net, before, request)
             net = self.ensure_defined(net, before, request)
             self.ensure_running_state(net, before)
             self.ensure_autostart(net)
@@ -411,6 +414,7 @@ class NetworkRunner(ObjectRunner):
                 after = {"name": name, "state": "absent"}
             # Nothing to change: what waits for a restart is what libvirt has now, not a prediction.
             pending = self.predicted_pending if self.tracker.changed else self.pending(net)
+            self.record_prediction(name, after, pending)
             xml = ""
         else:
             net = self.service.get(name)
@@ -483,8 +487,8 @@ class NetworkRunner(ObjectRunner):
     def guard_restart(self, net: Any, spec: Dict[str, Any]) -> None:
         """Refuse a restart into a definition that cannot start, while the old one still runs."""
         own_bridge = X.attr(X.parse(self.service.xml(net, inactive=False)), "bridge", "name")
-        blockers = network_start_blockers(spec, own_bridge, self.service.other_networks(net.name()),
-                                          self.host_addresses(), self.host_links())
+        blockers = network_start_blockers(spec, own_bridge, self.other_networks(net.name()),
+                                          self.host_addresses(), self.host_links(), self.host_routes())
         if not blockers:
             return
         option, value, problem, fix = blockers[0]
@@ -493,9 +497,74 @@ class NetworkRunner(ObjectRunner):
             "%s. Nothing was changed: the network keeps running with its current definition" % fix,
             blockers=["option %s: value %r %s" % (b[0], b[1], b[2]) for b in blockers])
 
+    def guard_start(self, net: Optional[Any], before: Dict[str, Any], request: Dict[str, Any]) -> None:
+        """Refuse, before anything is defined, a network this run would start but libvirt could
+        not: its subnet overlaps an active network's (in a list, also one an earlier item makes
+        or starts), a host interface's or a route of the host; its bridge is another network's
+        or an existing host interface. A network's own bridge left by an unfinished start of it
+        is no conflict (start_clearing_a_stale_bridge clears it)."""
+        name = self.params["name"]
+        spec = dict(request)
+        own_bridge = None
+        if net is not None:
+            spec = {f: before.get(f) for f in ALL_FIELDS}
+            spec.update(request)
+            leftovers = self.leftovers(net) if self.local else None
+            if leftovers is not None and leftovers.own_bridge and leftovers.bridge_is_stale():
+                own_bridge = leftovers.own_bridge
+        blockers = network_start_blockers(spec, own_bridge, self.other_networks(name), self.host_addresses(),
+                                          self.host_links(), self.host_routes())
+        if not blockers:
+            return
+        option, value, problem, fix = blockers[0]
+        raise InvalidInputError(
+            option, value, "%s, so network %s could not start" % (problem, name),
+            "%s. Nothing was changed%s" % (fix, "" if net is None else ": the network stays as it was"),
+            blockers=["option %s: value %r %s" % (b[0], b[1], b[2]) for b in blockers])
+
+    def other_networks(self, name: str) -> List[Dict[str, Any]]:
+        """Every other network as the guards see it: libvirt's, and in a list's check pass what
+        the earlier items would make, start or remove (record_prediction), so that two items
+        that could not run together are refused before the first is made."""
+        others = self.service.other_networks(name)
+        predicted = self.predictions()
+        if not self.check or predicted is None:
+            return others
+        out = [other for other in others if other["name"] not in predicted]
+        out += [other for key, other in sorted(predicted.items()) if key != name and other is not None]
+        return out
+
+    def predictions(self) -> Optional[Dict[str, Optional[Dict[str, Any]]]]:
+        shared = getattr(self.module, "shared", None)
+        return None if shared is None else shared.setdefault(("network", "check pass"), {})
+
+    def record_prediction(self, name: str, after: Dict[str, Any], pending: List[str]) -> None:
+        """Check pass of a list: what this item leaves, for the guards of the items after it."""
+        predicted = self.predictions()
+        if predicted is None:
+            return
+        if after.get("state") == "absent":
+            predicted[name] = None
+            return
+        if pending and after.get("state") == "active":
+            return  # the running network keeps its live definition: libvirt's view stays right
+        address, prefix = after.get("address"), after.get("prefix")
+        subnets = [ipaddress.IPv4Interface("%s/%s" % (address, prefix)).network] if address and prefix else []
+        predicted[name] = {"name": name, "active": after.get("state") == "active", "bridge": after.get("bridge"),
+                           "subnets": subnets}
+
+    def read_host(self, argv: List[str]) -> Any:
+        """A read-only host command, bounded (and kept for the call in a list: ItemModule)."""
+        if isinstance(self.module, ItemModule):
+            return self.module.run_command(argv, timeout_s=IP_TIMEOUT_S)
+        return run_bounded(argv, timeout_s=IP_TIMEOUT_S)
+
     def host_addresses(self) -> Optional[Dict[str, List[Any]]]:
         # A remote libvirt host's interfaces cannot be read from here: libvirt's networks only.
-        return host_addresses(self.module.run_command) if self.local else None
+        return host_addresses(self.read_host) if self.local else None
+
+    def host_routes(self) -> Optional[List[Any]]:
+        return host_routes(self.read_host) if self.local else None
 
     def host_links(self) -> Optional[List[str]]:
         return os.listdir("/sys/class/net") if self.local and os.path.isdir("/sys/class/net") else None
@@ -559,7 +628,12 @@ class NetworkRunner(ObjectRunner):
         active = net is not None and bool(net.isActive())
         if self.params["state"] == "active" and not active:
             self.tracker.add("state", before["state"] if before["state"] != "absent" else "absent", "active")
-            self.tracker.act("start", self.start_clearing_a_stale_bridge, net)
+            try:
+                self.tracker.act("start", self.start_clearing_a_stale_bridge, net)
+            except KvmError as err:
+                if before["state"] != "absent" or self.check:
+                    raise
+                self.undo_define(net, err)
         elif before["state"] == "absent":
             self.tracker.add("state", "absent", "inactive")
 
@@ -584,10 +658,31 @@ class NetworkRunner(ObjectRunner):
             for description, clear in leftovers + [("start again", lambda: self.service.start(net))]:
                 self.tracker.act(description, clear)
 
+    def undo_define(self, net: Any, err: KvmError) -> None:
+        """A network this run defined and then failed to start is undefined again: a failed task
+        leaves no half-made network behind. The failure says so, and changed says whether
+        anything else this run did remains (a cleared leftover)."""
+        name = self.params["name"]
+        try:
+            self.service.undefine(net)
+        except KvmError as again:
+            err.msg = ("%s; undefining network %s again (this run had defined it) failed too (%s): it stays "
+                       "defined and inactive" % (err.msg, name, again.msg))
+            err.details["undefined"] = False
+            raise err
+        remaining = [action for action in self.tracker.performed if action != "define"]
+        details = {k: v for k, v in err.details.items() if k in ("libvirt_code", "libvirt_message", "libvirt_domain")}
+        raise KvmError(
+            "network %s did not start (%s). This run had defined it, and undefined it again: the network does not "
+            "exist%s. Fix the cause and run again."
+            % (name, err.msg, "; still done: %s" % "; ".join(remaining) if remaining else ", nothing was changed"),
+            changed=bool(remaining), undefined=True, failed_action=self.tracker.failed_action,
+            actions=self.tracker.performed + ["start (failed)", "undefine"], **details)
+
     def leftovers(self, net: Any) -> Leftovers:
         others = self.service.other_networks(net.name())
         own = X.attr(X.parse(self.service.xml(net, inactive=True)), "bridge", "name")
-        return Leftovers(net.name(), own, others, self.module.run_command)
+        return Leftovers(net.name(), own, others, module_runner(IP_TIMEOUT_S))
 
     def ensure_autostart(self, net: Optional[Any]) -> None:
         wanted = self.params["autostart"]

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
+from .._core._command import DEFAULT_TIMEOUT_S, module_runner
 from .._core._errors import InvalidInputError, KvmError, LibvirtCallError
 from ._libvirt import LIBVIRT_ARGSPEC, Connection, error_of, libvirt
 from ._uri import is_local
@@ -29,7 +30,7 @@ from ._uri import is_local
 STATES = ("merged", "replaced", "overridden", "deleted", "gathered", "rendered")
 # Read-only commands a runner may call once per item (the host's addresses, a backing
 # image's size): their output is kept for the call until something changes on the host.
-READ_ONLY_COMMANDS = (("ip", "-j", "-4", "addr", "show"), ("qemu-img", "info"))
+READ_ONLY_COMMANDS = (("ip", "-j", "-4", "addr", "show"), ("ip", "-j", "-4", "route", "show"), ("qemu-img", "info"))
 
 
 # libvirt's "no such domain / network / pool / volume": an object removed (by someone else)
@@ -144,11 +145,14 @@ class ItemModule:
         self._parent.warn("%s: %s" % (self._label, message))
 
     def run_command(self, argv: List[str], **kwargs: Any) -> Tuple[int, str, str]:
+        """``AnsibleModule.run_command``'s shape, bounded (run_bounded; ``timeout_s`` in kwargs,
+        else the default bound); a read-only command's output is kept for the call."""
         key = tuple(argv)
+        run = module_runner(kwargs.pop("timeout_s", DEFAULT_TIMEOUT_S))
         if not any(key[:len(prefix)] == prefix for prefix in READ_ONLY_COMMANDS):
-            return self._parent.run_command(argv, **kwargs)
+            return run(argv, **kwargs)
         if key not in self._cache:
-            self._cache[key] = self._parent.run_command(argv, **kwargs)
+            self._cache[key] = run(argv, **kwargs)
         return self._cache[key]
 
 
