@@ -118,7 +118,7 @@ teardown: setup
 bench: setup
 	@bash bench/run.sh
 
-build: venv
+build: venv vendor  # the tarball carries the dashboard's chart library (git-ignored, vendored)
 	@$(VENV)/bin/ansible-galaxy collection build --force --output-path .
 
 docs: venv
