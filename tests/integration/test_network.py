@@ -407,16 +407,16 @@ def assert_start_refused(run_module, args, starts, defined_before=False):
 
 
 def test_a_new_network_inside_an_active_networks_subnet_is_refused(net_args, subnet, libvirt_cleanup, run_module):
-    wide = {"name": libvirt_cleanup + "wide", "mode": "isolated", "address": "10.214.0.1", "prefix": 16}
+    wide = {"name": libvirt_cleanup + "wide", "mode": "isolated", "address": "10.215.0.1", "prefix": 16}
     assert not run_module("network", wide)["failed"]
-    inner = {"name": libvirt_cleanup + "inner", "mode": "isolated", "address": "10.214.7.1", "prefix": 24}
-    result = assert_start_refused(run_module, inner, "option address: value '10.214.7.0/24' overlaps 10.214.0.0/16 "
+    inner = {"name": libvirt_cleanup + "inner", "mode": "isolated", "address": "10.215.7.1", "prefix": 24}
+    result = assert_start_refused(run_module, inner, "option address: value '10.215.7.0/24' overlaps 10.215.0.0/16 "
                                   "of active libvirt network %s, so network %s could not start"
                                   % (wide["name"], inner["name"]))
     assert result["option"] == "address" and result["blockers"], result
     # Only defining it (state present) is no start: libvirt takes the definition.
     assert not run_module("network", dict(inner, state="present"))["failed"]
-    assert_start_refused(run_module, inner, "option address: value '10.214.7.0/24' overlaps", defined_before=True)
+    assert_start_refused(run_module, inner, "option address: value '10.215.7.0/24' overlaps", defined_before=True)
     assert not is_active(inner["name"]), "the refused start left the defined network as it was"
 
 

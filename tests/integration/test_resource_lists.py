@@ -13,20 +13,21 @@ from typing import Dict, List
 import libvirt
 import pytest
 
-from conftest import define_disk_domain, four_ways
+from conftest import define_disk_domain, four_ways, run_module_process
 
 pytestmark = pytest.mark.integration
 URI = "qemu:///system"
 
 
 def free_subnets(count: int) -> List[str]:
-    """/24s in 10.214.x.0 that no libvirt network nor host interface uses."""
+    """/24s in 10.214.x.0 that no libvirt network, host interface or route uses."""
     conn = libvirt.open(URI)
     try:
         used = "".join(n.XMLDesc(0) for n in conn.listAllNetworks())
     finally:
         conn.close()
     used += subprocess.run(["ip", "-4", "addr", "show"], capture_output=True, text=True, check=False).stdout
+    used += subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, check=False).stdout
     free = [s for s in ("10.214." + str(third) for third in random.sample(range(1, 255), 120)) if s + "." not in used]
     if len(free) < count:
         pytest.fail("fewer than %d free 10.214.x.0/24 for test networks" % count)
@@ -219,3 +220,65 @@ def test_deleted_by_scope_four_ways(pools, libvirt_cleanup):
     results = four_ways("pools", {"uri": URI, "state": "deleted", "config": [], "scope": {"name_prefix": libvirt_cleanup}})
     assert sorted(results["apply"]["objects"]) == sorted(pools)
     assert names("pool", libvirt_cleanup) == []
+
+
+# -- a list whose networks could not all start: refused before anything is defined ------------------
+
+def assert_list_refused(args, starts, made_before=()):
+    for check in (True, False):
+        result = run_module_process("networks", args, check=check)
+        assert result["failed"] and result["changed"] is False, result
+        assert starts in result["msg"], result["msg"]
+        assert "could not start" in result["msg"] and "Nothing was changed" in result["msg"], result["msg"]
+    listed = [item["name"] for item in args["config"]]
+    assert [n for n in listed if n in names("network", "")] == list(made_before), "nothing may be defined"
+    return result
+
+
+def test_two_overlapping_items_of_one_list_are_refused_before_either_is_made(libvirt_cleanup):
+    (a,) = free_subnets(1)
+    wide = {"name": libvirt_cleanup + "wide", "mode": "isolated", "address": a + ".1", "prefix": 24}
+    inner = {"name": libvirt_cleanup + "inner", "mode": "isolated", "address": a + ".129", "prefix": 25}
+    result = assert_list_refused({"uri": URI, "config": [wide, inner]},
+                                 "config[1] (%s): option address: value '%s.128/25' overlaps %s.0/24 of active "
+                                 "libvirt network %s, so network %s could not start"
+                                 % (inner["name"], a, a, wide["name"], inner["name"]))
+    assert result["msg"].startswith("config[1] (%s)" % inner["name"]) and result["blockers"], result
+    # Defined only (state present), they may overlap: neither is started.
+    both_present = [dict(wide, state="present"), dict(inner, state="present")]
+    assert not run_module_process("networks", {"uri": URI, "config": both_present})["failed"]
+    # An item removed earlier in the list frees its subnet for a later one.
+    run_module_process("networks", {"uri": URI, "config": [dict(wide, state="active")]})
+    swap = {"uri": URI, "config": [dict(wide, state="absent"), dict(inner, state="active")]}
+    predicted = run_module_process("networks", swap, check=True)
+    assert not predicted["failed"] and predicted["changed"], predicted
+    done = run_module_process("networks", swap)
+    assert not done["failed"] and done["objects"][inner["name"]]["network"]["state"] == "active", done
+
+
+def test_a_list_item_on_an_existing_host_interface_leaves_the_items_before_it_unmade(libvirt_cleanup, prefix):
+    a, b = free_subnets(2)
+    dev = "mlkl" + prefix.split("-")[2][:6]
+    subprocess.run(["ip", "link", "add", dev, "type", "bridge"], check=True)
+    try:
+        first = {"name": libvirt_cleanup + "first", "mode": "isolated", "address": a + ".1", "prefix": 24}
+        clash = {"name": libvirt_cleanup + "clash", "mode": "isolated", "address": b + ".1", "prefix": 24,
+                 "bridge": dev}
+        assert_list_refused({"uri": URI, "config": [first, clash]},
+                            "option bridge: value %r is already an interface of this host" % dev)
+    finally:
+        subprocess.run(["ip", "link", "del", dev], check=False)
+
+
+def test_a_list_item_whose_start_fails_is_undefined_and_the_items_before_it_reported(libvirt_cleanup):
+    """The kernel refuses a bridge named 'all', which no pre-check predicts: the item's network,
+    defined by the run, is undefined again; the item before it stays made, and the failure says so."""
+    a, b = free_subnets(2)
+    first = {"name": libvirt_cleanup + "first", "mode": "isolated", "address": a + ".1", "prefix": 24}
+    bad = {"name": libvirt_cleanup + "bad", "mode": "isolated", "address": b + ".1", "prefix": 24, "bridge": "all"}
+    result = run_module_process("networks", {"uri": URI, "config": [first, bad]})
+    assert result["failed"] and result["changed"] is True and result["undefined"] is True, result
+    assert result["objects"][first["name"]]["changed"] is True, result
+    assert "config[1] (%s)" % bad["name"] in result["msg"] and "undefined it again" in result["msg"], result["msg"]
+    assert "already done, before it: %s: define, start" % first["name"] in result["msg"], result["msg"]
+    assert names("network", libvirt_cleanup) == [first["name"]]

@@ -414,7 +414,7 @@ class NetworkRunner(ObjectRunner):
                 after = {"name": name, "state": "absent"}
             # Nothing to change: what waits for a restart is what libvirt has now, not a prediction.
             pending = self.predicted_pending if self.tracker.changed else self.pending(net)
-            self.record_prediction(name, after, pending)
+            self.record_prediction(name, before, after, pending)
             xml = ""
         else:
             net = self.service.get(name)
@@ -535,16 +535,27 @@ class NetworkRunner(ObjectRunner):
         return out
 
     def predictions(self) -> Optional[Dict[str, Optional[Dict[str, Any]]]]:
+        """name -> the network an earlier item of this check pass leaves (None: removed)."""
         shared = getattr(self.module, "shared", None)
         return None if shared is None else shared.setdefault(("network", "check pass"), {})
 
-    def record_prediction(self, name: str, after: Dict[str, Any], pending: List[str]) -> None:
+    def removed_bridges(self) -> List[str]:
+        """Bridges of networks an earlier item of this check pass removes: still host interfaces
+        now, gone by the time this item runs for real."""
+        shared = getattr(self.module, "shared", None)
+        if not self.check or shared is None:
+            return []
+        return shared.setdefault(("network", "check pass removed bridges"), [])
+
+    def record_prediction(self, name: str, before: Dict[str, Any], after: Dict[str, Any], pending: List[str]) -> None:
         """Check pass of a list: what this item leaves, for the guards of the items after it."""
         predicted = self.predictions()
         if predicted is None:
             return
         if after.get("state") == "absent":
             predicted[name] = None
+            if before.get("bridge"):
+                self.removed_bridges().append(before["bridge"])
             return
         if pending and after.get("state") == "active":
             return  # the running network keeps its live definition: libvirt's view stays right
@@ -561,13 +572,20 @@ class NetworkRunner(ObjectRunner):
 
     def host_addresses(self) -> Optional[Dict[str, List[Any]]]:
         # A remote libvirt host's interfaces cannot be read from here: libvirt's networks only.
-        return host_addresses(self.read_host) if self.local else None
+        found = host_addresses(self.read_host) if self.local else None
+        gone = self.removed_bridges()
+        return None if found is None else {dev: addrs for dev, addrs in found.items() if dev not in gone}
 
     def host_routes(self) -> Optional[List[Any]]:
-        return host_routes(self.read_host) if self.local else None
+        found = host_routes(self.read_host) if self.local else None
+        gone = self.removed_bridges()
+        return None if found is None else [(dst, dev) for dst, dev in found if dev not in gone]
 
     def host_links(self) -> Optional[List[str]]:
-        return os.listdir("/sys/class/net") if self.local and os.path.isdir("/sys/class/net") else None
+        if not self.local or not os.path.isdir("/sys/class/net"):
+            return None
+        gone = self.removed_bridges()
+        return [link for link in os.listdir("/sys/class/net") if link not in gone]
 
     def restart(self, net: Any) -> None:
         self.predicted_pending = []
