@@ -172,10 +172,25 @@ options:
     description:
       - Seconds to wait for another run of the same stage to finish; 0 fails at once,
         naming the process holding the lock.
-      - Also how long to wait for processes left by an earlier run that was cut short
-        before failing with their pids (see the notes).
+      - Also how long to wait for processes left by an earlier run (one that was cut short,
+        or processes that could not be stopped) before failing with their pids (see the notes).
     type: float
     default: 0
+  leftover_processes:
+    description:
+      - What a run does with processes its command leaves running when it exits (a daemon,
+        C(setsid sleep 600 &), a double fork, a job put in the background). They are found by
+        the run token every process of the run inherits (see the notes).
+      - C(fail) stops them (SIGTERM, SIGKILL after 10 s) and fails the stage naming their pids
+        and command lines (C(changed=true), the previous lock is kept, the MLflow run ends
+        C(FAILED)). A stage is done when its work is, and a daemon left behind would write the
+        outputs beside the next run.
+      - C(wait) waits for them as part of the command, within O(timeout) (without one, for as
+        long as they run); past it they are stopped and the stage fails.
+      - C(kill) stops them with a warning; the stage's result is the command's own.
+    type: str
+    choices: [fail, wait, kill]
+    default: fail
   state_dir:
     description: Where the lock, stat cache and logs live, relative to O(chdir).
     type: path
@@ -381,7 +396,12 @@ notes:
     included. SIGHUP (the SSH connection dropped), SIGTERM or SIGINT to the module stop the
     command (SIGTERM, SIGKILL after 10 s), end its MLflow run C(KILLED) and fail the task.
   - A run in progress is recorded in C(STATE_DIR/NAME.running.json) and every process of it
-    carries C(ML_STAGE_RUN_TOKEN) in its environment. When a run was cut short, the next run
+    carries C(ML_STAGE_RUN_TOKEN=NAME@DIGEST:RUN) in its environment (C(DIGEST) of the state
+    directory, C(RUN) new for each run), readable from C(/proc/PID/environ). When the command
+    exits, the processes with its token are handled as O(leftover_processes) says. Before any
+    run, forced or not, processes of an earlier run of the stage that still run make it wait
+    (O(lock_timeout)) and then fail naming their pids; check mode predicts that. A process
+    started with a new environment (C(env -i)) does not carry the token and is not found. When a run was cut short, the next run
     finds processes that escaped the group (a daemon, C(setsid)) by that token and waits for
     them (O(lock_timeout)) or fails naming their pids, so two copies never write the same
     outputs; then it ends the MLflow run the dead run left C(RUNNING) as C(KILLED), says so in
@@ -484,10 +504,19 @@ interrupted_by:
   type: str
   sample: SIGHUP
 pids:
-  description: On failure, processes of a cut-short earlier run that still run (nothing was started).
+  description: On failure, processes of an earlier run of the stage that still run (nothing was started).
   returned: when such processes block the stage
   type: list
   elements: int
+leftover_processes:
+  description:
+    - The processes the command left running when it exited, as found then (C(pid), C(cmd)),
+      handled as O(leftover_processes) says; also, on a refusal, the earlier run's processes
+      that block the stage.
+  returned: when there were such processes
+  type: list
+  elements: dict
+  sample: [{pid: 4321, cmd: "sleep 600"}]
 changed:
   description: True when the command ran (or outputs were reused); in check mode, when it would.
   returned: always
@@ -658,6 +687,7 @@ ARGUMENT_SPEC = dict(
     salt=dict(type="str", default=""),
     timeout=dict(type="float", default=0),
     lock_timeout=dict(type="float", default=0),
+    leftover_processes=dict(type="str", default="fail", choices=["fail", "wait", "kill"]),
     state_dir=dict(type="path", default=".ml_stage"),
     hash_algorithm=dict(type="str", default="auto",
                         choices=["auto", "xxh3_128", "blake3", "sha256", "md5"]),

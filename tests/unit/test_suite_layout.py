@@ -44,6 +44,7 @@ TESTED_THROUGH = {
     "module_utils/_ml/_stage_proc.py": ML_STAGE,
     "module_utils/_ml/_stage_runner.py": ML_STAGE,
     "module_utils/_ml/_stage_sign.py": "tests/unit/plugins/modules/test_ml_stage_reuse_trust.py",
+    "module_utils/_ml/_stage_tree.py": "tests/unit/plugins/modules/test_ml_stage_leftovers.py",
     "module_utils/_nvidia/_device_plugin.py": "tests/unit/plugins/modules/test_device_plugin_config.py",
     "module_utils/_nvidia/_mig.py": "tests/unit/plugins/modules/test_nvidia_mig.py",
     "module_utils/_nvidia/_mig_service.py": "tests/unit/plugins/modules/test_nvidia_mig.py",

@@ -17,10 +17,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from .._core._command import CommandTimeoutError
 from .._core._errors import InvalidInputError, KvmError
+
+# Seconds the interpreter probe and each git command may take: an interpreter on a hung network
+# file system, or git on a huge untracked tree, must fail the task, not hold it.
+PYTHON_PROBE_TIMEOUT_S = 120
+GIT_TIMEOUT_S = 300
 
 _PY_SCRIPT = r"""
 import json, os, re, sys
@@ -39,39 +46,69 @@ print(json.dumps({'python': '%d.%d.%d' % tuple(sys.version_info[:3]),
 """
 
 
+def run_bytes(argv: List[str], timeout_s: float, cwd: Optional[str] = None,
+              env: Optional[Dict[str, str]] = None) -> Tuple[int, bytes, bytes]:
+    """``(rc, stdout, stderr)`` as bytes (a git diff is hashed as it is, not decoded), in a
+    process group of its own that is killed whole past ``timeout_s`` (CommandTimeoutError);
+    OSError when the program cannot be started. _core's run_bounded, for binary output."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            proc.communicate(timeout=10)
+        except (subprocess.TimeoutExpired, OSError):
+            pass
+        raise CommandTimeoutError(argv, timeout_s) from None
+    return proc.returncode, out, err
+
+
 def python_fingerprint(interpreter: str, env: Dict[str, str], cwd: str) -> Dict[str, Any]:
     try:
-        proc = subprocess.run([interpreter, "-c", _PY_SCRIPT], cwd=cwd, env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        rc, out, err = run_bytes([interpreter, "-c", _PY_SCRIPT], PYTHON_PROBE_TIMEOUT_S, cwd=cwd, env=env)
+    except OSError as exc:
         raise InvalidInputError("code.python", interpreter, "could not be run (%s)" % exc,
                                 "give the path of the Python interpreter the command uses")
-    if proc.returncode != 0:
+    except CommandTimeoutError:
+        raise InvalidInputError("code.python", interpreter,
+                                "did not list its distributions within %s s and was killed"
+                                % PYTHON_PROBE_TIMEOUT_S,
+                                "give the path of a working Python 3 interpreter (one whose "
+                                "sys.path is not on a hung file system)")
+    if rc != 0:
         raise InvalidInputError("code.python", interpreter,
                                 "failed to list its distributions (rc %s: %s)"
-                                % (proc.returncode, proc.stderr.decode("utf-8", "replace")[-500:]),
+                                % (rc, err.decode("utf-8", "replace")[-500:]),
                                 "give the path of a working Python 3 interpreter")
     try:
-        data = json.loads(proc.stdout.decode("utf-8"))
+        data = json.loads(out.decode("utf-8"))
     except ValueError:
-        raise KvmError("code.python: %s printed no fingerprint: %r" % (interpreter, proc.stdout[-300:]))
+        raise KvmError("code.python: %s printed no fingerprint: %r" % (interpreter, out[-300:]))
     return {"python": data["python"], "implementation": data["implementation"],
             "dists": dict(sorted(data["dists"].items()))}
 
 
 def _git(repo: str, args: List[str], check: bool = True) -> bytes:
     try:
-        proc = subprocess.run(["git", "-C", repo] + args, stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=300, check=False)
+        rc, out, err = run_bytes(["git", "-C", repo] + args, GIT_TIMEOUT_S)
     except OSError as exc:
         raise InvalidInputError("code.git", repo, "cannot be read: git is not runnable (%s)" % exc,
                                 "install git on the target host or drop code.git")
-    if check and proc.returncode != 0:
+    except CommandTimeoutError as exc:
+        raise InvalidInputError("code.git", repo, "cannot be read: %s" % exc,
+                                "check the checkout (a hung file system, a huge untracked tree) "
+                                "or drop code.git")
+    if check and rc != 0:
         raise InvalidInputError(
             "code.git", repo, "is not a usable git checkout (git %s: %s)"
-            % (" ".join(args[:2]), proc.stderr.decode("utf-8", "replace").strip()[-300:]),
+            % (" ".join(args[:2]), err.decode("utf-8", "replace").strip()[-300:]),
             "point code.git at a directory inside a git repository with at least one commit")
-    return proc.stdout
+    return out
 
 
 def git_fingerprint(repo: str, exclude: Iterable[str], hash_data: Callable[[bytes], str],

@@ -28,8 +28,10 @@ from ._stage_hash import (Hasher, IgnoreMatcher, SpecialFileError, StatCache, ch
                           hash_bytes, is_glob, public, special_kind)
 from ._stage_lock import (LOCK_FORMAT, FileLock, StageBusyError, StageFiles, canonical_json,
                           open_private)
-from ._stage_proc import (TOKEN_VAR, RunRecord, describe, new_token, processes_with_token,
-                          supervised_argv, wait_for_exit)
+from ._stage_proc import (TOKEN_VAR, RunRecord, describe, processes_with_token, supervised_argv,
+                          wait_for_exit)
+from ._stage_tree import (describe_listing, left_behind, listing, new_run_token, processes_of_stage,
+                          stage_id, stop_run, wait_gone)
 from ._stage_spec import StageSpec, flatten, special_input
 
 # Seconds the command gets between SIGTERM and SIGKILL when it is stopped (timeout, a
@@ -248,6 +250,10 @@ class StageRunner:
         self.warn = warn
         self.files = StageFiles(spec.state_dir, spec.name)
         self.record = RunRecord(self.files.running)
+        # What every process of this stage's runs carries in its token (see _stage_tree).
+        self.stage_id = stage_id(spec.state_dir, spec.name)
+        # Why the run fails because of processes its command left behind (None: it does not).
+        self._leftover_problem: Optional[str] = None
         # The MLflow run of the command being run (for the run record).
         self._run_mlflow: Optional[Dict[str, Any]] = None
         # When the command started and ended (time.time()), for the metrics textfile.
@@ -257,12 +263,16 @@ class StageRunner:
     # -- entry point ------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
         if self.check:
+            recorded_token = (self.record.read() or {}).get("token")
             recovered = self._recover()
+            self._refuse_earlier_processes(recorded_token)
             result = self._stage()
             result["metrics_textfile"] = None  # check mode writes nothing
             return self._with_recovery(result, recovered)
         with FileLock(self.files.flock, self.spec.name, self.spec.lock_timeout):
+            recorded_token = (self.record.read() or {}).get("token")
             recovered = self._recover()
+            self._refuse_earlier_processes(recorded_token)
             try:
                 result = self._stage()
             except StageFailed as exc:
@@ -321,6 +331,34 @@ class StageRunner:
                   "recorded; its outputs do not count); MLflow: %s"
                   % (spec.name, prev.get("started"), prev.get("module_pid"), info["mlflow"]))
         return info
+
+    def _refuse_earlier_processes(self, recorded_token: Optional[str]) -> None:
+        """Processes of any earlier run of this stage that still run, whatever became of that
+        run's records (a state directory wiped, processes that could not be stopped): wait for
+        them up to lock_timeout, then refuse naming them, so a run, forced or not, never starts
+        a second copy beside them. Those of the recorded cut-short run are _recover's.
+        Check mode refuses the same way, or warns where a real run would wait."""
+        spec = self.spec
+        pids = processes_of_stage(self.stage_id, exclude_token=recorded_token)
+        if pids and not self.check and spec.lock_timeout > 0:
+            deadline = time.monotonic() + spec.lock_timeout
+            while pids and time.monotonic() < deadline:
+                time.sleep(0.2)
+                pids = processes_of_stage(self.stage_id, exclude_token=recorded_token)
+        if not pids:
+            return
+        procs = listing(pids)
+        if self.check and spec.lock_timeout > 0:
+            self.warn("stage %s: %s of an earlier run still run(s); a real run waits up to %s s "
+                      "(lock_timeout) for them" % (spec.name, describe_listing(procs), spec.lock_timeout))
+            return
+        raise StageBusyError(
+            "stage %s: processes of an earlier run of this stage still run: %s. ml_stage does not "
+            "start a run beside them: wait for them to end (option lock_timeout, waited %s s), or "
+            "stop them (kill -TERM %s) and run again"
+            % (spec.name, describe_listing(procs), 0 if self.check else spec.lock_timeout,
+               " ".join(str(p) for p in pids)),
+            changed=False, pids=pids, leftover_processes=procs)
 
     def _end_open_mlflow_run(self, prev: Dict[str, Any], info: Dict[str, Any]) -> str:
         """End the MLflow run a cut-short run left RUNNING; says what was (or would be) done."""
@@ -598,7 +636,7 @@ class StageRunner:
                 apply_tls_env(tracker.m, env)
             result["mlflow"] = tracker.summary()
             result["mlflow_run_id"] = tracker.run_id
-        env[TOKEN_VAR] = new_token()
+        env[TOKEN_VAR] = new_run_token(self.stage_id)
         return env
 
     def _prepare_workspace(self) -> None:
@@ -634,6 +672,7 @@ class StageRunner:
             if not exc.details.get("still_running"):
                 self.record.remove()
             raise
+        self._leftover_problem = self._deal_with_leftovers(env[TOKEN_VAR], t0, timed_out, result)
         self._cmd_ended = time.time()
         duration = round(time.monotonic() - t0, 3)
         result.update(ran=True, rc=rc, duration=duration,
@@ -642,8 +681,50 @@ class StageRunner:
                       stdout_log=self.files.stdout, stderr_log=self.files.stderr)
         return rc, timed_out, cmd_started, duration
 
+    def _deal_with_leftovers(self, token: str, t0: float, timed_out: bool,
+                             result: Dict[str, Any]) -> Optional[str]:
+        """The processes the command left when it exited (a daemon, a background job), found by
+        the run's token, handled as leftover_processes says; why the run fails because of them
+        (None: it does not). Whatever the policy, none is left running when this returns, unless
+        it could not be stopped (then the next run refuses while it lives)."""
+        spec = self.spec
+        pids = left_behind(token)
+        if not pids:
+            return None
+        procs = listing(pids)
+        result["leftover_processes"] = procs
+        policy = spec.leftover_processes
+        if policy == "wait" and not timed_out:
+            remaining = None if not spec.timeout else spec.timeout - (time.monotonic() - t0)
+            if not wait_gone(token, remaining):
+                return None
+        not_stopped = stop_run(token, STOP_GRACE)
+        what = ("cmd left %s running after it exited" % describe_listing(procs))
+        if not_stopped:
+            done = ("they were sent SIGTERM and SIGKILL but %s still run(s); the next run refuses "
+                    "to start while they do" % describe(not_stopped))
+        else:
+            done = "they were stopped (SIGTERM, SIGKILL after %g s)" % STOP_GRACE
+        if policy == "wait" and not timed_out:
+            return ("%s and they still ran when the timeout of %s s passed; %s"
+                    % (what, spec.timeout, done))
+        if policy == "kill" and not not_stopped:
+            self.warn("stage %s: %s; %s (leftover_processes: kill)" % (spec.name, what, done))
+            return None
+        return ("%s; %s. A daemon of the stage would go on writing its outputs beside the next run: "
+                "keep the work in the foreground until it is done, or set leftover_processes "
+                "(wait, kill)" % (what, done))
+
     def _failure(self, rc: int, timed_out: bool) -> Optional[str]:
-        """Why the finished command's run counts as failed; None when it succeeded."""
+        """Why the finished command's run counts as failed; None when it succeeded. Processes
+        it left behind are named after the command's own failure, if any."""
+        own = self._command_failure(rc, timed_out)
+        if own and self._leftover_problem:
+            return "%s; %s" % (own, self._leftover_problem)
+        return own or self._leftover_problem
+
+    def _command_failure(self, rc: int, timed_out: bool) -> Optional[str]:
+        """Why the command's own run counts as failed (its status, its outputs); None when not."""
         spec = self.spec
         if timed_out:
             return "cmd timed out after %s s (option timeout) and was killed" % spec.timeout
@@ -666,7 +747,8 @@ class StageRunner:
         self.record.remove()
         details = {k: result.get(k) for k in ("rc", "duration", "stdout_tail", "stderr_tail",
                                               "stdout_log", "stderr_log", "reasons", "key",
-                                              "previous_key", "mlflow", "mlflow_run_id")}
+                                              "previous_key", "mlflow", "mlflow_run_id",
+                                              "leftover_processes")}
         raise StageFailed("stage %s failed: %s; the previous lock is kept" % (self.spec.name, failure),
                           changed=True, ran=True, lock_file=self.files.lock, **details)
 

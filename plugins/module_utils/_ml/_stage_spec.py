@@ -23,7 +23,9 @@ from .._core._validate import ca_file, object_name
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SCALARS = (str, int, float, bool)
-RESERVED_ENV = ("ML_STAGE_NAME", "ML_STAGE_KEY", "ML_STAGE_PARAMS")
+RESERVED_ENV = ("ML_STAGE_NAME", "ML_STAGE_KEY", "ML_STAGE_PARAMS", "ML_STAGE_RUN_TOKEN")
+# What a run does with processes its command left behind (see _stage_tree); the first is the default.
+LEFTOVER_POLICIES = ("fail", "wait", "kill")
 MLFLOW_ENV = ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")
 # How the mlflow client in the command verifies the server (requests' ``verify``); MLflow
 # refuses a process that sets both.
@@ -237,6 +239,11 @@ class StageSpec:
         self.timeout = self._number("timeout", p.get("timeout"), 0)
         self.lock_timeout = self._number("lock_timeout", p.get("lock_timeout"), 0)
         self.tail_lines = int(self._number("tail_lines", p.get("tail_lines"), 40))
+        leftover = p.get("leftover_processes") or "fail"
+        if leftover not in LEFTOVER_POLICIES:
+            raise InvalidInputError("leftover_processes", leftover, "is not a known policy",
+                                    "use one of %s" % ", ".join(LEFTOVER_POLICIES))
+        self.leftover_processes = leftover
 
     def _read_mlflow_and_mps(self, p: Dict[str, Any]) -> None:
         """The tracking server (and what reuse needs) and the MPS daemon."""
