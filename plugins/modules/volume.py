@@ -118,7 +118,7 @@ author:
 '''
 
 EXAMPLES = r'''
-- name: A 20 GiB disk for worker-1, copy-on-write on the base image
+- name: A 20 GiB disk for worker-1, copy-on-write on the base image (in libvirt's default pool)
   mlinfra.kvm.volume:
     name: worker-1.qcow2
     pool: vms

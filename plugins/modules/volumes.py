@@ -129,9 +129,10 @@ author:
 '''
 
 EXAMPLES = r'''
-- name: One overlay per worker on the base image
+- name: One overlay per worker on the base image (kept outside every storage pool, so allowed explicitly)
   mlinfra.kvm.volumes:
-    config: "{{ workers | map('combine', {'pool': 'mlinfra-lab', 'backing': '/var/lib/mlinfra/base.qcow2'}) }}"
+    config: "{{ workers | map('combine', {'pool': 'mlinfra-lab', 'backing': '/var/lib/mlinfra/base.qcow2',
+                                          'allowed_paths': ['/var/lib/mlinfra']}) }}"
   vars:
     workers: [{name: worker-1.qcow2}, {name: worker-2.qcow2}]
 

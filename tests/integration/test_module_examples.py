@@ -74,7 +74,9 @@ def prepare_site(module: str, prefix: str, tmp: Path) -> List[Dict]:
         qcow2(tmp / "libvirt-images" / "debian-12-base.qcow2", "64M")
         qcow2(tmp / "srv-build" / "base.qcow2", "16M")
         return [{"name": prefix + "vms", "target": str(tmp / "vms")},
-                {"name": prefix + "images", "target": str(tmp / "pool-images")}]
+                {"name": prefix + "images", "target": str(tmp / "pool-images")},
+                # libvirt's default pool, where the overlay example's base image lies.
+                {"name": prefix + "default", "target": str(tmp / "libvirt-images")}]
     if module == "volumes":
         qcow2(tmp / "mlinfra" / "base.qcow2", "64M")
         return [{"name": prefix + "lab", "target": str(tmp / "lab-pool")}]

@@ -93,6 +93,8 @@ def test_module_defined_guest_boots_takes_a_vcpu_and_gives_memory_back_live(modu
     args = {"uri": libvirtd, "name": guest.name, "virt_type": "qemu", "memory": "1G", "vcpus": 1, "max_vcpus": 2,
             "kernel": str(guest_image.kernel), "initrd": str(guest_image.initrd), "cmdline": harness.KERNEL_CMDLINE,
             "disks": [{"path": str(overlay), "format": "qcow2"}], "cdroms": [{"path": str(seed)}],
+            # The overlay and its base (lab/build) need not lie in a storage pool of this host.
+            "allowed_paths": [str(harness.GUEST_DIR_ROOT), str(guest_image.disk.parent)],
             "interfaces": [{"network": guest.network}], "console_log": str(guest.serial_log),
             "metadata": {"role": "worker"}, "state": "running", "wait_for_ip": True,
             # Generous: on a shared 2-core host under load a TCG boot to DHCP took 8 minutes.
