@@ -24,13 +24,22 @@ description:
     guests off the network until their interfaces are reattached.
 options:
   name:
-    description: Network name.
+    description:
+      - Network name - at most 64 letters, digits, C(.), C(_), C(+), C(-), starting with a letter or
+        digit (it becomes libvirt's and dnsmasq's file names); checked before anything else.
     type: str
     required: true
   state:
     description:
       - V(active) defines and starts the network. V(present) defines it without changing
         whether it runs. V(absent) stops and undefines it.
+      - Before a network is started (a new one, or an inactive one), it is checked to be able to
+        start; the run is refused, with nothing defined or changed, when its subnet overlaps an
+        active libvirt network, an address of a host interface or a route of the host
+        (C(ip -4 route)), or when its bridge name belongs to another libvirt network or is an
+        existing host interface. Check mode reports the same refusal.
+      - When a new network's start still fails, the definition this run made is undefined again
+        and the task fails with libvirt's message and C(undefined=true).
     type: str
     choices: [active, present, absent]
     default: active
@@ -113,9 +122,10 @@ options:
     type: bool
     default: false
 notes:
-  - The restart check reads the host's interfaces (C(ip -j addr), C(/sys/class/net)) only for a
-    local libvirt URI; for a remote one it checks against libvirt's own networks only, and the
-    restore after a failed start is the safety net.
+  - The start and restart checks read the host's interfaces and routes (C(ip -j addr),
+    C(ip -j route), C(/sys/class/net)) only for a local libvirt URI; for a remote one they check
+    against libvirt's own networks only, and the restore (or undefine) after a failed start is the
+    safety net.
   - Not everything that makes a start fail can be seen beforehand (an MTU the bridge refuses,
     a dnsmasq that cannot run); those are what the restore covers.
 extends_documentation_fragment:
@@ -192,10 +202,17 @@ restored:
   returned: on failure of a restart
   type: bool
 blockers:
-  description: Only on a refused restart, in the failure - every reason found why the new definition could not start.
-  returned: on a refused restart
+  description: Only on a refused start or restart, in the failure - every reason found why the definition could not start.
+  returned: on a refused start or restart
   type: list
   elements: str
+undefined:
+  description:
+    - Only when starting a network this run defined failed, in the failure - V(true) when the
+      definition was undefined again (nothing of it remains), V(false) when that failed too and it
+      stays defined and inactive.
+  returned: on failure of a new network's start
+  type: bool
 '''
 
 from ansible.module_utils.basic import AnsibleModule

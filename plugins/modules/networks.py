@@ -26,7 +26,8 @@ options:
     suboptions:
       name:
         description:
-        - Network name.
+        - Network name - at most 64 letters, digits, C(.), C(_), C(+), C(-), starting with a letter or digit
+          (it becomes libvirt's and dnsmasq's file names); checked before anything else.
         type: str
         required: true
       state:
@@ -161,8 +162,14 @@ options:
         type: bool
     # END generated config suboptions
 notes:
-  - A new network is checked against libvirt's networks as they are when its turn comes, so two
-    items of one list whose addresses overlap fail at the second, after the first was made.
+  - Every network the list starts is checked as M(mlinfra.kvm.network) checks it (its subnet
+    against active networks, host interfaces and host routes; its bridge against other networks
+    and host interfaces), in the check pass that runs before anything changes, against libvirt's
+    networks as the earlier items of the list leave them. Two items that could not run together
+    (overlapping subnets, one bridge) so fail the whole call before either is defined; an item
+    removed earlier in the list frees its subnet and bridge for a later one.
+  - When an item's new network still fails to start, its definition is undefined again; the
+    failure reports the items done before it (C(objects), C(changed=true) when any changed).
 extends_documentation_fragment:
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
