@@ -69,12 +69,14 @@ devices:
   elements: dict
   contains:
     address: {description: "Full PCI address, e.g. 0000:01:00.0.", type: str}
+    slot: {description: "The address without its function, e.g. 0000:01:00 (the functions of one slot share it).", type: str}
     id: {description: "vendor:device, e.g. 10de:2335.", type: str}
     vendor_id: {description: Vendor id (4 hex digits)., type: str}
     device_id: {description: Device id (4 hex digits)., type: str}
     vendor_name: {description: Vendor name when known., type: str}
     subsystem_vendor_id: {description: Subsystem vendor id., type: str}
     subsystem_device_id: {description: Subsystem device id., type: str}
+    revision: {description: "Revision id (2 hex digits, e.g. a1; null when sysfs has none).", type: str}
     class: {description: "Class code (6 hex digits, e.g. 030200).", type: str}
     class_name: {description: Human name of the class., type: str}
     driver: {description: Driver bound now (null when none)., type: str}

@@ -210,6 +210,7 @@ class PoolRunner(ObjectRunner):
         else:
             pool = self.ensure_present(pool, before)
         after = self.predict_after(before) if self.check else self.service.describe(self.service.get(name))
+        after.setdefault("name", name)  # RETURN's pool.name, also for a pool that is (or would be) made or absent
         fields = [f for f in ("state", "autostart") + SPEC_FIELDS if f in after or f in before]
         result = {
             "changed": self.tracker.changed,
