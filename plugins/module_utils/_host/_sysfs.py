@@ -34,6 +34,19 @@ def roots_argspec(*names: str) -> Dict[str, Any]:
     return {name: dict(ROOTS_ARGSPEC[name]) for name in names}
 
 
+def _directory_or_absent(path: str) -> bool:
+    """A directory, or nothing yet (an etc_root the module will fill); not a file, a FIFO, a
+    device, a path through one, or a name with a NUL byte (no file can have one)."""
+    if "\x00" in path:
+        return False
+    if os.path.lexists(path):
+        return os.path.isdir(path)
+    parent = os.path.dirname(path)
+    while parent not in ("", "/") and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    return os.path.isdir(parent or "/")
+
+
 class Roots:
     """Where /sys, /proc and /etc are (a captured tree in tests, the real ones on a host)."""
 
@@ -42,14 +55,23 @@ class Roots:
             if not isinstance(value, str) or not value.startswith("/"):
                 raise InvalidInputError(option, value, "is not an absolute path",
                                         "give a path starting with '/', e.g. the default")
+            # Checked here, once, so that a file, a FIFO or a missing tree fails naming the
+            # option instead of as an unreadable attribute deep inside a scan.
+            if not _directory_or_absent(value):
+                raise InvalidInputError(option, value, "is not a directory",
+                                        "give the directory that holds the tree (the default on a real host)")
         self.sysfs_root = sysfs_root.rstrip("/") or "/"
         self.proc_root = proc_root.rstrip("/") or "/"
         self.etc_root = etc_root.rstrip("/") or "/"
 
     @classmethod
     def from_params(cls, params: Dict[str, Any]) -> "Roots":
-        return cls(params.get("sysfs_root") or "/sys", params.get("proc_root") or "/proc",
-                   params.get("etc_root") or "/etc")
+        # Only an option the module does not have falls back to the default: an empty string
+        # given for a root is refused, not read as /sys (a real host's tree).
+        def given(name: str, default: str) -> Any:
+            value = params.get(name)
+            return default if value is None else value
+        return cls(given("sysfs_root", "/sys"), given("proc_root", "/proc"), given("etc_root", "/etc"))
 
     def sys(self, *parts: str) -> str:
         return os.path.join(self.sysfs_root, *parts)
