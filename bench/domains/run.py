@@ -96,6 +96,7 @@ def domain_items(kind: str, count: int) -> list:
     the loop (kind 'm') and the list (kind 'l'), so that both declare the same definitions."""
     return [{"name": "%s%s%d" % (PREFIX, kind, i), "virt_type": "qemu", "memory": "256M", "vcpus": 1,
              "disks": [{"path": str(BENCH_DIR / ("%s%d.qcow2" % (kind, i)))}],
+             "allowed_paths": [str(BENCH_DIR)],  # the bench's images sit outside any pool
              "interfaces": [{"network": NETWORK}], "metadata": {"role": "bench"}}
             for i in range(count)]
 
