@@ -7,6 +7,15 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: config_files
 short_description: Directories and whole files (content, mode, owner, group) in one module run, each file checked before it replaces the old one
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  platform:
+    platforms: posix
 version_added: "0.3.0"
 description:
   - Makes each directory of I(directories) exist with I(mode), I(owner) and I(group), then each file

@@ -7,6 +7,14 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: domain_info
 short_description: What an operator needs to see that libvirt domains are healthy
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: N/A
+    details: Reads only; there is nothing to show a difference of.
+  platform:
+    platforms: posix
 version_added: 0.1.0
 description:
   - Reports one domain (O(name)) or all of them - state, vCPUs, memory, interfaces with MACs and
@@ -28,6 +36,7 @@ options:
     type: bool
     default: true
 extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
   - mlinfra.kvm.libvirt
 notes:
   - Never changes anything; runs in check mode too.

@@ -7,6 +7,13 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: domains
 short_description: A hypervisor's libvirt domains as one list (merged, replaced, overridden, deleted, gathered, rendered)
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  platform:
+    platforms: posix
 version_added: 0.3.0
 description:
   - Declares many domains in one module call, with the states of Ansible's network resource
@@ -479,6 +486,7 @@ notes:
   - Two items that pass the same PCI device are not checked against each other; the second
     fails when it starts (libvirt refuses a device in use).
 extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.resource_list

@@ -7,6 +7,15 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: mlflow_user
 short_description: An MLflow tracking server's basic-auth user and its experiment permissions
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  platform:
+    platforms: posix
 version_added: "0.2.0"
 description:
   - Keeps one user of an MLflow tracking server that runs MLflow's basic-auth app

@@ -7,6 +7,13 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: pools
 short_description: A hypervisor's libvirt pools as one list (merged, replaced, overridden, deleted, gathered, rendered)
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  platform:
+    platforms: posix
 version_added: 0.3.0
 description:
   - Declares many pools in one module call, with the states of Ansible's network resource
@@ -137,6 +144,7 @@ notes:
   - Pools of a type this collection does not manage (anything but V(dir), V(logical), V(netfs)) are left
     out of RV(gathered) and never removed by O(state=overridden).
 extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.resource_list

@@ -7,6 +7,14 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: snapshot_info
 short_description: List the libvirt snapshots of a domain
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: N/A
+    details: Reads only; there is nothing to show a difference of.
+  platform:
+    platforms: posix
 version_added: 0.2.0
 description:
   - Lists a domain's snapshots, oldest first (parents before their children), with their
@@ -28,6 +36,7 @@ options:
       - When not set, RV(snapshot) is null.
     type: str
 extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
   - mlinfra.kvm.libvirt
 notes:
   - Never changes anything, so diff mode has nothing to show.
