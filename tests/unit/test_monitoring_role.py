@@ -464,3 +464,104 @@ def test_vm_state_collector_publishes_defined_but_shut_off_domains(tmp_path):
                            "--textfile", str(out), "--once"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1 and "cannot read libvirt" in proc.stderr, proc.stderr
     assert [line for line in out.read_text().splitlines() if line and not line.startswith("#")] == []
+
+
+def _vm_state_files(tmp_path: Path, pid1: str) -> dict:
+    """__monitoring_vm_state_files as the role computes it (vars/main.yml) on a hypervisor whose
+    PID 1 is `pid1`: {path: entry}."""
+    import base64
+    overrides = tmp_path / "pid1.json"
+    overrides.write_text(json.dumps({"__monitoring_pid1": {"content": base64.b64encode(pid1.encode()).decode()},
+                                     "monitoring_vm_state_interval": 7}))
+    out = tmp_path / "files.json"
+    for where in ("templates", "files"):  # the lookups look beside the playbook outside a role
+        (tmp_path / where).symlink_to(ROLE / where)
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "vm state files", "hosts": "localhost", "gather_facts": False,
+        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
+        "tasks": [{"name": "files", "ansible.builtin.copy": {
+            "content": "{{ __monitoring_vm_state_files | to_json }}", "dest": str(out), "mode": "0644"}}],
+    }], sort_keys=False))
+    proc = run_playbook(play, "-e", "@%s" % overrides)
+    assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:])
+    return {entry["path"]: entry for entry in json.loads(out.read_text())}
+
+
+@pytest.mark.parametrize("pid1", ["systemd", "init"])
+def test_hypervisors_install_and_start_the_vm_state_collector(tmp_path, pid1):
+    """The exporters entry point installs the collector on hypervisors and starts it: a systemd
+    unit under systemd, else an init script that runs it through `daemon --respawn` (as Debian's
+    libvirt exporter runs there); both run the loop writing mlinfra_vm_state.prom in the textfile
+    directory, and a changed file restarts it."""
+    exporters = yaml.safe_load((ROLE / "tasks/exporters.yml").read_text())
+    [step] = [t for t in exporters if t.get("ansible.builtin.import_tasks") == "vm_state.yml"]
+    assert step["when"] == "__monitoring_is_hypervisor"
+    assert exporters.index(step) > [t.get("ansible.builtin.import_tasks") for t in exporters].index("libvirt_exporter.yml")
+    libvirt = yaml.safe_load((ROLE / "tasks/libvirt_exporter.yml").read_text())
+    assert "python3-libvirt" in libvirt[0]["vars"]["__monitoring_packages"]
+
+    files = _vm_state_files(tmp_path, pid1)
+    defaults = yaml.safe_load((ROLE / "defaults/main.yml").read_text())
+    script = files.pop(defaults["monitoring_vm_state_path"])
+    assert script["content"] == (ROLE / "files/mlinfra_vm_state.py").read_text() and script["mode"] == "0755"
+    argv = "%s --uri %s --textfile %s/mlinfra_vm_state.prom --interval 7" % (
+        defaults["monitoring_vm_state_path"], defaults["monitoring_libvirt_uri"], defaults["monitoring_textfile_dir"])
+    tasks = {t["name"]: t for t in yaml.safe_load((ROLE / "tasks/vm_state.yml").read_text())}
+    handlers = [h for h in yaml.safe_load((ROLE / "handlers/main.yml").read_text())
+                if h.get("listen") == "monitoring vm_state restart"]
+    if pid1 == "systemd":
+        [(path, unit)] = files.items()
+        assert path == "/etc/systemd/system/mlinfra-vm-state.service" and unit["tag"] == "monitoring vm_state unit"
+        assert "ExecStart=%s\n" % argv in unit["content"] and "Restart=always" in unit["content"]
+        run = tasks["Run the VM state collector (systemd unit)"]
+        assert run["ansible.builtin.systemd_service"]["state"] == "started" and "__monitoring_systemd | bool" in run["when"]
+        assert any("ansible.builtin.systemd_service" in h for h in handlers)
+    else:
+        [(path, init)] = files.items()
+        assert path == "/etc/init.d/mlinfra-vm-state" and init["mode"] == "0755"
+        assert init["tag"] == "monitoring vm_state restart"
+        content = init["content"]
+        assert 'HELPER=/usr/bin/daemon\n' in content and "--respawn" in content
+        assert 'DAEMON=%s\n' % defaults["monitoring_vm_state_path"] in content
+        assert 'ARGS="%s"\n' % argv.split(" ", 1)[1] in content
+        proc = subprocess.run(["sh", "-n", "/dev/stdin"], input=content, capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        run = tasks["Run the VM state collector (init script, respawned by daemon)"]
+        assert run["ansible.builtin.service"]["state"] == "started" and "not (__monitoring_systemd | bool)" in run["when"]
+        assert any("ansible.builtin.service" in h for h in handlers)
+
+
+def test_vm_state_collector_loop_replaces_the_file_atomically(tmp_path):
+    """--interval mode, as the role runs it: the file appears with the domains' states and each
+    read replaces it by a rename (a new inode; no temporary file left behind), so
+    node_exporter never reads half a file."""
+    import sys
+    import time
+    pytest.importorskip("libvirt", reason="python3-libvirt (libvirt-python) is not installed; `make setup` installs it")
+    node = tmp_path / "node.xml"
+    node.write_text(NODE_XML)
+    textfiles = tmp_path / "textfiles"
+    textfiles.mkdir()
+    out = textfiles / "mlinfra_vm_state.prom"
+    proc = subprocess.Popen([sys.executable, str(ROLE / "files" / "mlinfra_vm_state.py"), "--uri", "test://%s" % node,
+                             "--textfile", str(out), "--interval", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    inodes, texts = [], []
+    try:
+        deadline = time.monotonic() + 60  # a bound on the wait, not a timing assertion
+        while len(set(inodes)) < 3 and time.monotonic() < deadline and proc.poll() is None:
+            if out.exists():
+                stat = out.stat()
+                if not inodes or stat.st_ino != inodes[-1]:
+                    inodes.append(stat.st_ino)
+                    texts.append(out.read_text())
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        _, stderr = proc.communicate(timeout=30)
+    assert len(set(inodes)) >= 3, ("the loop did not rewrite the file", proc.returncode, stderr)
+    for text in texts:
+        samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+        assert samples[:2] == ['mlinfra_vm_state{domain="vm-off"} 5', 'mlinfra_vm_state{domain="vm-running"} 1'], text
+    assert sorted(p.name for p in textfiles.iterdir()) == ["mlinfra_vm_state.prom"]

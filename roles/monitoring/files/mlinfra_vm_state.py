@@ -12,6 +12,10 @@ not) and writes, atomically, one line per domain:
 A domain missing from the file is one libvirt does not define. When libvirt cannot be read the
 file keeps no state lines (never stale ones) and the timestamp stops moving, which the alert
 rules read as "unknown", not as "not defined".
+
+It runs as a loop (--interval, under systemd or `daemon --respawn`), or once (--once). A libvirt
+call has no timeout of its own: a read that takes longer than --read-timeout writes the file
+without state lines and exits, and the supervisor starts a fresh process.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import time
 from typing import Dict, Optional, Sequence
 
@@ -64,13 +69,29 @@ def write_textfile(path: str, text: str) -> None:
         raise
 
 
-def collect_once(uri: str, path: str, last_read_at: Optional[float]) -> Optional[float]:
+def hung_read(uri: str, path: str, last_read_at: Optional[float], timeout: float) -> None:
+    """libvirt did not answer in time: no state lines (never stale ones), then exit, since the
+    stuck call cannot be interrupted; the supervisor respawns this process."""
+    print("mlinfra-vm-state: libvirt at %s did not answer within %g s; exiting to be restarted" % (uri, timeout),
+          file=sys.stderr, flush=True)
+    try:
+        write_textfile(path, exposition(None, last_read_at))
+    finally:
+        os._exit(2)
+
+
+def collect_once(uri: str, path: str, last_read_at: Optional[float], timeout: float = 10.0) -> Optional[float]:
     """Read libvirt and write the file; returns the time of the last successful read."""
+    watchdog = threading.Timer(timeout, hung_read, args=(uri, path, last_read_at, timeout))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         states, read_at = read_states(uri), time.time()
     except Exception as exc:  # libvirt down or refusing: say so, keep no stale states
         print("mlinfra-vm-state: cannot read libvirt at %s: %s" % (uri, exc), file=sys.stderr, flush=True)
         states, read_at = None, last_read_at
+    finally:
+        watchdog.cancel()
     write_textfile(path, exposition(states, read_at))
     return read_at
 
@@ -82,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--textfile", required=True, metavar="PATH.prom",
                         help="file in node_exporter's textfile collector directory")
     parser.add_argument("--interval", type=float, default=15.0, metavar="SECONDS", help="seconds between reads")
+    parser.add_argument("--read-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="most seconds one read of libvirt may take before the process exits to be restarted")
     parser.add_argument("--once", action="store_true", help="read and write once, then exit (1 if libvirt failed)")
     return parser
 
@@ -92,9 +115,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         build_parser().error("--textfile must be a .prom file in an existing directory, got %r" % args.textfile)
     if args.interval <= 0:
         build_parser().error("--interval must be more than 0 seconds, got %r" % args.interval)
+    if args.read_timeout <= 0:
+        build_parser().error("--read-timeout must be more than 0 seconds, got %r" % args.read_timeout)
     read_at = None
     while True:
-        read_at_now = collect_once(args.uri, args.textfile, read_at)
+        read_at_now = collect_once(args.uri, args.textfile, read_at, args.read_timeout)
         if args.once:
             return 0 if read_at_now is not None and read_at_now != read_at else 1
         read_at = read_at_now
