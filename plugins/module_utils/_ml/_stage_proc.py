@@ -25,7 +25,6 @@ import json
 import os
 import socket
 import time
-import uuid
 from typing import Any, Dict, List, Optional
 
 from ._stage_lock import write_json_atomic
@@ -79,16 +78,14 @@ def supervised_argv(python: str, cmd: List[str], grace: float) -> List[str]:
     return [python, "-c", SUPERVISOR, str(os.getpid()), "%g" % grace] + list(cmd)
 
 
-def new_token() -> str:
-    return uuid.uuid4().hex
-
-
 def processes_with_token(token: str) -> List[int]:
     """Pids whose environment carries ``ML_STAGE_RUN_TOKEN=token`` (the caller excluded).
 
-    Reads /proc/PID/environ: the initial environment, which a process cannot drop from
-    there, so a daemon that cleared os.environ is still found. Processes of other users
-    cannot be read and are not listed (ml_stage only ever starts its own).
+    Reads /proc/PID/environ: the environment the process was started with, which clearing
+    os.environ does not change, so a daemon that did is still found (one started with a new
+    environment, ``env -i``, is not). Tokens are made by _stage_tree.new_run_token.
+    Processes of other users cannot be read and are not listed (ml_stage only ever starts
+    its own).
     """
     needle = ("%s=%s" % (TOKEN_VAR, token)).encode()
     me = os.getpid()

@@ -40,9 +40,9 @@ KILL_ROUND_WAIT_S = 2.0
 
 def stage_id(state_dir: str, name: str) -> str:
     """``NAME@DIGEST``: the stage, told apart from a namesake in another state directory."""
-    digest = hashlib.sha256(("%s\0%s" % (os.path.realpath(state_dir), name)).encode("utf-8",
-                                                                                  "surrogateescape"))
-    return "%s@%s" % (name, digest.hexdigest()[:12])
+    where = "%s\0%s" % (os.path.realpath(state_dir), name)
+    digest = hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()
+    return "%s@%s" % (name, digest[:12])
 
 
 def new_run_token(sid: str) -> str:
