@@ -212,6 +212,8 @@ def test_a_run_waits_for_a_held_lock_then_finds_the_object_made(kind, libvirt_cl
     result = finished_result(proc)
     assert not result.get("failed") and result["changed"] is False, result
     assert result["objects"][name]["changed"] is False, result
+    # The waiter opened the file the holder removed, then locked a new one: it removed that too.
+    assert not os.path.exists(path), "a lock file stayed behind in %s" % os.path.dirname(path)
 
 
 def test_a_purge_waits_for_a_volume_run_then_deletes_what_it_left(libvirt_cleanup, tmp_path):

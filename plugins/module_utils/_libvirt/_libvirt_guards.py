@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 from .._core._command import CommandNotFoundError
 from .._core._errors import LibvirtCallError
 from ._libvirt import call, error_of, libvirt, lookup
+from ._resource_list import read_listed
 from .._core import _xml as X
 
 # A backing chain longer than this is a loop (or not worth following for a guard).
@@ -219,15 +220,17 @@ def _network_ipv4(xml: str) -> Tuple[Optional[str], List[Any]]:
 
 def other_networks(conn: Any, name: str) -> List[Dict[str, Any]]:
     """Bridge and subnets of every other libvirt network (live XML when active)."""
-    out = []
-    for net in call("listing networks", conn.listAllNetworks, 0):
+    def read(net: Any) -> Optional[Dict[str, Any]]:
         if net.name() == name:
-            continue
+            return None
         active = bool(net.isActive())
         flags = 0 if active else libvirt.VIR_NETWORK_XML_INACTIVE
         bridge, subnets = _network_ipv4(call("reading network XML", net.XMLDesc, flags))
-        out.append({"name": net.name(), "active": active, "bridge": bridge, "subnets": subnets})
-    return out
+        return {"name": net.name(), "active": active, "bridge": bridge, "subnets": subnets}
+
+    # A network removed by another run between the listing and its read is left out: it takes
+    # no subnet and no bridge any more.
+    return read_listed(call("listing networks", conn.listAllNetworks, 0), read)
 
 
 def network_start_blockers(spec: Dict[str, Any], own_bridge: Optional[str], others: Iterable[Dict[str, Any]],

@@ -14,7 +14,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from .._core._runner import ObjectRunner
 from .._core._errors import InvalidInputError, KvmError, LibvirtCallError
-from .._core._command import module_runner, run_bounded
+from .._core._command import run_bounded
 from .._core._host_lock import local_object_lock
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
 from ._libvirt_guards import (IP_TIMEOUT_S, host_addresses, host_routes, network_start_blockers, other_networks)
@@ -700,7 +700,7 @@ class NetworkRunner(ObjectRunner):
     def leftovers(self, net: Any) -> Leftovers:
         others = self.service.other_networks(net.name())
         own = X.attr(X.parse(self.service.xml(net, inactive=True)), "bridge", "name")
-        return Leftovers(net.name(), own, others, module_runner(IP_TIMEOUT_S))
+        return Leftovers(net.name(), own, others)  # its `ip` runs bounded (module_runner)
 
     def ensure_autostart(self, net: Optional[Any]) -> None:
         wanted = self.params["autostart"]

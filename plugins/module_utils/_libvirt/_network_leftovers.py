@@ -25,6 +25,7 @@ import signal
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .._core._command import module_runner
 from .._core._errors import KvmError
 
 # Where libvirt keeps each system network's dnsmasq configuration (dnsmasq runs with
@@ -33,6 +34,8 @@ LIBVIRT_DNSMASQ_DIR = "/var/lib/libvirt/dnsmasq"
 SYS_CLASS_NET = "/sys/class/net"
 PROC = "/proc"
 DNSMASQ_EXIT_WAIT = 5.0
+# Seconds for `ip link delete`: immediate, the bound only keeps a wedged netlink from hanging.
+IP_TIMEOUT_S = 30
 
 # The start failures a leftover causes; "bridge" is the interface the message names.
 BRIDGE_IN_THE_WAY = (
@@ -46,14 +49,15 @@ Clear = Callable[[], None]
 
 class Leftovers:
     """Leftovers of network ``name`` (inactive), given its own bridge name and the other
-    networks (other_networks' dicts: name, active, bridge)."""
+    networks (other_networks' dicts: name, active, bridge). ``run_command`` runs ``ip``: a
+    bounded runner (_command.module_runner, the default)."""
 
     def __init__(self, name: str, own_bridge: Optional[str], others: List[Dict[str, Any]],
-                 run_command: Callable[..., Tuple[int, str, str]]) -> None:
+                 run_command: Optional[Callable[..., Tuple[int, str, str]]] = None) -> None:
         self.name = name
         self.own_bridge = own_bridge
         self.others = others
-        self.run_command = run_command
+        self.run_command = run_command or module_runner(IP_TIMEOUT_S)
         self._dnsmasqs: Optional[Dict[str, List[int]]] = None
 
     @property
