@@ -166,7 +166,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _cloud
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._command import run_bounded
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 
 SEED_MODE = 0o600
 SEED_BUILD_TIMEOUT_S = 60
@@ -322,7 +322,7 @@ class SeedRunner:
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = new_module(AnsibleModule,
         argument_spec=dict(
             dest=dict(type="path", required=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),

@@ -185,7 +185,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._core._atomic_file imp
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._command import (
     CommandNotFoundError, CommandTimeoutError, run_bounded)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 
 DIRECTORY_SPEC = dict(
     path=dict(type="path", required=True),
@@ -453,7 +453,7 @@ class ConfigFilesRunner:
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = new_module(AnsibleModule,
         argument_spec=dict(directories=dict(type="list", elements="dict", default=[], options=DIRECTORY_SPEC),
                            files=dict(type="list", elements="dict", default=[], options=FILE_SPEC),
                            command_timeout=dict(type="int", default=300)),

@@ -120,7 +120,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_servi
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_spec import (
     hostdev_addresses, read_cdroms, read_disks, read_metadata)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
 
@@ -189,7 +189,7 @@ def main() -> None:
     spec = dict(name=dict(type="str"), guest_agent=dict(type="bool", default=True),
                 stats=dict(type="bool", default=True))
     spec.update(LIBVIRT_ARGSPEC)
-    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=spec, supports_check_mode=True)
     fail_without_lxml(module)
 
     def runner() -> Dict[str, Any]:

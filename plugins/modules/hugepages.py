@@ -130,7 +130,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import (
     Roots, list_dir, meminfo_kib, read_attr, read_file, remove_file, roots_argspec, write_attr,
     write_file_atomic)
@@ -290,7 +290,7 @@ def main() -> None:
         strict=dict(type="bool", default=False),
     )
     argument_spec.update(roots_argspec("sysfs_root", "proc_root", "etc_root"))
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=argument_spec, supports_check_mode=True)
 
     def runner() -> Dict[str, Any]:
         return HugepagesRunner(module, HugepagesService(Roots.from_params(module.params))).run()

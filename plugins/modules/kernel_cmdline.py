@@ -177,7 +177,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._core._command import 
     CommandNotFoundError, CommandTimeoutError, run_bounded)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import (
     Roots, cmdline_args, cpu_vendor, read_file, remove_file, roots_argspec, write_file_atomic)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
@@ -395,7 +395,7 @@ class CmdlineRunner:
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = new_module(AnsibleModule,
         argument_spec=dict(
             args=dict(type="list", elements="str", default=[]),
             iommu=dict(type="str", default="none", choices=["none", "auto", "intel", "amd"]),

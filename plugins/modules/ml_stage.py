@@ -667,7 +667,7 @@ metrics_textfile:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_runner import StageRunner
 from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_spec import StageSpec
 
@@ -734,7 +734,7 @@ ARGUMENT_SPEC = dict(
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
 
     def runner():
         spec = StageSpec(module.params)

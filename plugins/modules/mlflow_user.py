@@ -217,7 +217,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._mlflow_user import (
     PERMISSIONS, MlflowUserManager, MlflowUserService, UserSpec)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 
 
 def main() -> None:
@@ -240,7 +240,7 @@ def main() -> None:
         validate_certs=dict(type="bool", default=True),
         ca_path=dict(type="path"),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+    module = new_module(AnsibleModule, argument_spec=argument_spec, supports_check_mode=True,
                            required_if=[("state", "present", ["password"])])
 
     def runner() -> Dict[str, Any]:

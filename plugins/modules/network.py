@@ -226,14 +226,14 @@ undefined:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._network import MUTUALLY_EXCLUSIVE, argument_spec, run_network
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import is_local
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True, mutually_exclusive=MUTUALLY_EXCLUSIVE)
+    module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True, mutually_exclusive=MUTUALLY_EXCLUSIVE)
     fail_without_lxml(module)
 
     def runner() -> dict:

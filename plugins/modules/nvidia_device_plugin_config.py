@@ -262,7 +262,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._device_plugin
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig import INSTANCE_SPEC  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import read_file, write_file_atomic  # noqa: E402
 
 RESOURCE_SPEC: Dict[str, Any] = dict(
@@ -359,7 +359,7 @@ class DevicePluginConfigRunner:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     if not HAS_YAML:
         module.fail_json(msg=missing_required_lib("PyYAML"), exception=YAML_IMPORT_ERROR)
     run(module, lambda: DevicePluginConfigRunner(module).run())

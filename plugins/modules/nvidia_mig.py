@@ -210,7 +210,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig import ( 
     INSTANCE_SPEC, GpuInstance, GpuRow, MigDevice, Plan, Process, Profile, canonical_bus_id, expand_request,
     geometry_labels, layout_text, plan_geometry, planned_labels, validate_request)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig_service import MigService, resolve_binary  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run  # noqa: E402
 
 
 ARGUMENT_SPEC: Dict[str, Any] = dict(
@@ -449,7 +449,7 @@ def instance_views(plan: Optional[Plan], existing: Sequence[GpuInstance],
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
 
     def runner() -> Dict[str, Any]:
         service = MigService(module, resolve_binary(module, module.params["nvidia_smi"]))

@@ -148,7 +148,7 @@ from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci import PciDevice, PciScanner
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci_select import index_among_twins
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import Roots, list_dir, roots_argspec
@@ -197,7 +197,7 @@ class PciInfoRunner:
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = new_module(AnsibleModule,
         argument_spec=dict(
             **roots_argspec("sysfs_root", "proc_root"),
             gpus_only=dict(type="bool", default=False),

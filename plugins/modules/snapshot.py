@@ -180,7 +180,7 @@ from typing import Any, Dict
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._snapshot import argument_spec, run_snapshot
@@ -188,7 +188,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import i
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True)
     fail_without_lxml(module)
 
     def runner() -> Dict[str, Any]:

@@ -112,7 +112,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _snapshot as S
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import LIBVIRT_ARGSPEC, Connection
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
 
@@ -145,7 +145,7 @@ def main() -> None:
         name=dict(type="str"),
     )
     argument_spec.update(LIBVIRT_ARGSPEC)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=argument_spec, supports_check_mode=True)
     fail_without_lxml(module)
 
     def runner() -> Dict[str, Any]:

@@ -219,7 +219,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._core._command import 
     CommandNotFoundError, CommandTimeoutError, run_bounded)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError, KvmError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._host_usage import Use
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci import VFIO_DRIVERS, PciDevice, PciScanner, is_interconnect
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci_select import PciSelector, parse_selector
@@ -646,7 +646,7 @@ def main() -> None:
         command_timeout=dict(type="int", default=300),
     )
     argument_spec.update(roots_argspec("sysfs_root", "proc_root", "etc_root"))
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=argument_spec, supports_check_mode=True)
 
     def runner() -> Dict[str, Any]:
         service = VfioService(module, Roots.from_params(module.params))

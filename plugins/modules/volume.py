@@ -191,7 +191,7 @@ users:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._volume import (
     MUTUALLY_EXCLUSIVE, argument_spec, run_volume, validate_params,
@@ -200,7 +200,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import i
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True, mutually_exclusive=MUTUALLY_EXCLUSIVE)
+    module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True, mutually_exclusive=MUTUALLY_EXCLUSIVE)
     fail_without_lxml(module)
 
     def runner() -> dict:

@@ -179,14 +179,14 @@ rendered:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._volume import LIST_KIND
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._resource_list import list_argument_spec, run_list
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=list_argument_spec(LIST_KIND), supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=list_argument_spec(LIST_KIND), supports_check_mode=True)
     fail_without_lxml(module)
     run(module, lambda: run_list(module, LIST_KIND))
 

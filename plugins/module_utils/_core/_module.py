@@ -5,11 +5,64 @@
 from __future__ import annotations
 
 import traceback
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Type
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ._errors import KvmError, error_of, fail_from_error, is_libvirt_error
+
+
+def new_module(module_class: Type[AnsibleModule], **kwargs: Any) -> AnsibleModule:
+    """``module_class(**kwargs)``, with a clear refusal where ansible-core's own validation crashes.
+
+    ansible-core (2.16 to 2.19) raises a bare TypeError inside ``AnsibleModule()`` when an option
+    with suboptions gets a scalar (``numa_tuning: 7``): the user sees MODULE FAILURE and a
+    traceback. The parameters are loaded by then, so a second module over the same spec without
+    suboptions reports the value the way ansible-core reports any other wrong type, naming the
+    option. The class is passed in so that the module file's own name is the one called.
+    """
+    try:
+        return module_class(**kwargs)
+    except TypeError:
+        plain = module_class(**dict(kwargs, argument_spec=_without_suboptions(kwargs.get("argument_spec") or {})))
+        where = _first_non_mapping(kwargs.get("argument_spec") or {}, plain.params) or ("an option with suboptions", None)
+        plain.fail_json(msg="option %s: value %r is not a mapping, and this option takes suboptions; give it as a "
+                        "YAML mapping (a list of mappings where the option is a list)" % where,
+                        exception=traceback.format_exc())
+        raise  # fail_json exits; this line is never reached
+
+
+def _first_non_mapping(spec: Dict[str, Any], params: Any, prefix: str = "") -> Any:
+    """(dotted option name, value) of the first value that should be a mapping and is not."""
+    if not isinstance(params, dict):
+        return None
+    for name, entry in spec.items():
+        sub, value = entry.get("options"), params.get(name)
+        if not sub or value is None:
+            continue
+        path = prefix + name
+        items = list(enumerate(value)) if isinstance(value, list) and entry.get("type") == "list" else [(None, value)]
+        for index, item in items:
+            item_path = path if index is None else "%s[%d]" % (path, index)
+            if not isinstance(item, dict):
+                return (item_path, item)
+            found = _first_non_mapping(sub, item, item_path + ".")
+            if found:
+                return found
+    return None
+
+
+def _without_suboptions(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """The argument spec without suboptions, so type checks alone judge each top-level value."""
+    plain = {}
+    for name, entry in spec.items():
+        entry = {k: v for k, v in entry.items() if k not in ("options", "apply_defaults", "required_if",
+                                                               "required_one_of", "mutually_exclusive",
+                                                               "required_together", "required_by")}
+        if entry.get("type") == "list" and entry.get("elements") == "dict":
+            entry.pop("elements")
+        plain[name] = entry
+    return plain
 
 
 def run(module: AnsibleModule, runner: Callable[[], Dict[str, Any]]) -> None:

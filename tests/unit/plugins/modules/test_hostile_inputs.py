@@ -310,15 +310,9 @@ ALL_CASES = [case for name in module_names() for case in sampled_cases(name)]
 
 # Known failures, each with what is wrong: marked where they stand so the test passes and tells
 # when one is fixed (strict xfail). Keyed by (module, option, repr(value)).
-CORE_DICT = ("ansible-core's argument validation crashes (TypeError in set_fallbacks, no JSON) on a "
-             "non-dict for a dict option with suboptions; the module needs to refuse it before AnsibleModule")
 KNOWN: Dict[Tuple[str, str, str], str] = {
     ("config_files", "directories.group", "'a\\x00b'"): "a group name with a NUL byte reaches basic.py: internal error",
     ("config_files", "files.group", "'a\\x00b'"): "a group name with a NUL byte reaches basic.py: internal error",
-    ("domain", "numa_tuning", "7"): CORE_DICT,
-    ("ml_stage", "mlflow", "7"): CORE_DICT,
-    ("nvidia_device_plugin_config", "sharing", "7"): CORE_DICT,
-    ("nvidia_device_plugin_config", "sharing.time_slicing", "7"): CORE_DICT,
     ("hugepages", "count", "'1e400'"): "count is not range-checked: '1e400' becomes a huge int, OverflowError",
     ("nvidia_mig", "instances.count", "'1e400'"): "count is not range-checked: '1e400' becomes a huge int, OverflowError",
     ("hugepages", "proc_root", "<tmp>/dir"): "a proc_root without meminfo fails as 'cannot read MemTotal', not naming proc_root",

@@ -64,3 +64,17 @@ def test_a_raw_libvirt_error_is_libvirt_s_message_not_a_bug_report():
     assert module.failed["msg"].startswith("libvirt error: code "), module.failed
     assert "Cannot recv data" in module.failed["msg"] and "re-run to converge" in module.failed["msg"]
     assert "Traceback" not in module.failed["msg"]
+
+
+@pytest.mark.parametrize("module, args, named", [
+    ("domain", {"name": "x", "uri": "test:///default", "numa_tuning": 7}, "numa_tuning"),
+    ("nvidia_device_plugin_config", {"sharing": {"time_slicing": 7}}, "sharing.time_slicing"),
+    ("domain", {"name": "x", "uri": "test:///default", "disks": [3]}, "disks"),
+])
+def test_a_scalar_for_an_option_with_suboptions_is_refused_naming_it(module, args, named):
+    """ansible-core's own validation raises a bare TypeError here; new_module turns it into a
+    refusal naming the option, so no traceback reaches the user."""
+    from conftest import run_module_process
+    result = run_module_process(module, args, check=True)
+    assert result["failed"] and named in result["msg"], result
+    assert "Traceback" not in result.get("module_stderr", "") and "MODULE FAILURE" not in result["msg"]
