@@ -314,6 +314,9 @@ class Target:
     def _lookup(self, what: str, name: str, getter: Any, check_mode: bool) -> Optional[int]:
         try:
             return getter(name)[2]
+        except ValueError:  # a NUL byte: no user or group can carry it
+            raise InvalidInputError("%s.%s" % (self.option, what), name, "holds a NUL byte",
+                                    "give a user or group name without control characters") from None
         except KeyError:
             if check_mode:
                 # An earlier task of the same run (a package's postinst) may create it.

@@ -140,6 +140,9 @@ SIZES_KIB = {"2M": 2048, "1G": 1048576}
 HEADER = "# Managed by mlinfra.kvm.hugepages; edits are overwritten.\n"
 GIB = 1024 * 1024  # kB
 
+# 2**40 pages of 4 KiB are 4 PiB: more than any host; bigger counts are typos or attacks.
+MAX_PAGES = 2 ** 40
+
 
 def gib(kib: int) -> str:
     return "%.1f GiB" % (kib / GIB)
@@ -194,6 +197,10 @@ class HugepagesRunner:
         size = self.params["size"]
         if count is None or count < 0:
             raise InvalidInputError("count", count, "is negative", "give 0 or more pages")
+        if count > MAX_PAGES:
+            # Before any arithmetic: a count like '1e400' overflows the figures of the message below.
+            raise InvalidInputError("count", count, "is more pages than any host holds",
+                                    "give at most %d" % MAX_PAGES)
         object_name("sysctl_name", self.params["sysctl_name"])
         percent = self.params["max_memory_percent"]
         if percent is None or not 1 <= percent <= 100:
@@ -205,7 +212,8 @@ class HugepagesRunner:
                                     "enable hugetlbfs in the kernel (no %s)" % self.service.roots.sys("kernel", "mm", "hugepages"))
         total = meminfo.get("MemTotal")
         if not total:
-            raise KvmError("cannot read MemTotal from %s" % self.service.roots.proc("meminfo"))
+            raise InvalidInputError("proc_root", self.service.roots.proc_root, "holds no readable meminfo with MemTotal",
+                                    "point proc_root at a mounted procfs (default /proc)")
         others = sum(k * n for k, n in sizes.items() if k != kib)
         limit = total * percent // 100
         if count * kib + others > limit:

@@ -189,13 +189,14 @@ class StageSpec:
         self.allow_outside = bool(p.get("allow_outs_outside_chdir"))
         self.metrics_file = _norm(p["metrics_file"]) if p.get("metrics_file") else None
         outs = self._str_list("outs", p.get("outs"))
+        declared = list(outs)
         # The metrics file is an output; one inside a declared out directory is already covered
         # (so the ranks of a distributed stage, only one of which writes metrics, declare the
         # same outs and share one key).
         if self.metrics_file and not any(_inside(self.abspath(self.metrics_file), self.abspath(_norm(o)))
                                          for o in outs):
             outs.append(self.metrics_file)
-        self.outs = self._outs(outs)
+        self.outs = self._outs(outs, declared)
         self.clean_outs = bool(p.get("clean_outs"))
         self._check_params_file()
 
@@ -439,31 +440,33 @@ class StageSpec:
             deps.append(DepSpec(path, self.ignore + ignore))
         return deps
 
-    def _outs(self, outs: List[str]) -> List[str]:
+    def _outs(self, outs: List[str], declared: List[str]) -> List[str]:
         real_chdir = os.path.realpath(self.chdir)
         result: List[str] = []
         for raw in outs:
+            # The metrics file joins the outs; a refusal of it names the option the user wrote.
+            option = "outs" if raw in declared else "metrics_file"
             out = _norm(raw)
             if out in result:
                 continue
             if is_glob(out):
-                raise InvalidInputError("outs", raw, "is a glob", "declare the files or directories "
+                raise InvalidInputError(option, raw, "is a glob", "declare the files or directories "
                                         "the command writes (a directory covers its whole tree)")
             full = self.abspath(out)
             if full == self.chdir or full == os.path.realpath(self.chdir):
-                raise InvalidInputError("outs", raw, "is chdir itself",
+                raise InvalidInputError(option, raw, "is chdir itself",
                                         "declare the files or directories the command writes inside it")
             outside = not (_inside(full, self.chdir) and _inside(os.path.realpath(full), real_chdir))
             if outside and not self.allow_outside:
-                raise InvalidInputError("outs", raw, "is outside chdir (%s)" % self.chdir,
+                raise InvalidInputError(option, raw, "is outside chdir (%s)" % self.chdir,
                                         "write outputs inside chdir, or set allow_outs_outside_chdir: true")
             if _inside(self.state_dir, full) or _inside(full, self.state_dir):
-                raise InvalidInputError("outs", raw, "overlaps the state directory %s" % self.state_dir,
+                raise InvalidInputError(option, raw, "overlaps the state directory %s" % self.state_dir,
                                         "choose another output path or state_dir")
             for dep in self.deps:
                 dfull = self.abspath(dep.path)
                 if not is_glob(dep.path) and (_inside(full, dfull) or _inside(dfull, full)):
-                    raise InvalidInputError("outs", raw, "overlaps the dep %s" % dep.path,
+                    raise InvalidInputError(option, raw, "overlaps the dep %s" % dep.path,
                                             "a path is either read (deps) or written (outs) by a stage")
             result.append(out)
         return result

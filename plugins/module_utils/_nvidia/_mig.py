@@ -30,6 +30,10 @@ INSTANCE_SPEC: Dict[str, Any] = dict(profile=dict(type="str", required=True), co
 
 QUERY_FIELDS = ("index", "uuid", "pci.bus_id", "name", "mig.mode.current", "mig.mode.pending")
 
+# A GPU holds at most seven MIG instances; the layout check below says so with a layout that fits.
+# A count beyond this bound is refused first, before a list of that size is built.
+MAX_ENTRY_COUNT = 1000
+
 
 class MigParseError(ValueError):
     """nvidia-smi printed something this parser does not recognise."""
@@ -375,6 +379,9 @@ def expand_request(option: str, instances: Sequence[Dict[str, Any]], profiles: S
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise InvalidInputError("%s[%d].count" % (option, number), count, "is not a positive integer",
                                     "give 1 or more (leave the entry out for none)")
+        if count > MAX_ENTRY_COUNT:
+            raise InvalidInputError("%s[%d].count" % (option, number), count,
+                                    "is far more than a GPU holds (at most 7 MIG instances)", "give 7 or fewer")
         wanted.extend([profile] * count)
     return wanted
 

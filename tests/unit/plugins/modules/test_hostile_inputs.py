@@ -311,12 +311,6 @@ ALL_CASES = [case for name in module_names() for case in sampled_cases(name)]
 # Known failures, each with what is wrong: marked where they stand so the test passes and tells
 # when one is fixed (strict xfail). Keyed by (module, option, repr(value)).
 KNOWN: Dict[Tuple[str, str, str], str] = {
-    ("config_files", "directories.group", "'a\\x00b'"): "a group name with a NUL byte reaches basic.py: internal error",
-    ("config_files", "files.group", "'a\\x00b'"): "a group name with a NUL byte reaches basic.py: internal error",
-    ("hugepages", "count", "'1e400'"): "count is not range-checked: '1e400' becomes a huge int, OverflowError",
-    ("nvidia_mig", "instances.count", "'1e400'"): "count is not range-checked: '1e400' becomes a huge int, OverflowError",
-    ("hugepages", "proc_root", "<tmp>/dir"): "a proc_root without meminfo fails as 'cannot read MemTotal', not naming proc_root",
-    ("ml_stage", "metrics_file", "<tmp>/dir"): "a metrics_file outside chdir is reported as 'option outs'",
 }
 
 
