@@ -205,7 +205,7 @@ def test_libvirtd_killed_mid_play_the_rerun_converges_nothing_lost_or_doubled(br
 def test_a_bridge_left_by_an_unfinished_start_is_removed_only_when_nothing_uses_it(libvirt_cleanup, plugged):
     """What libvirtd killed mid-start leaves (the network defined, its bridge created, the network
     not active), made on purpose: the start removes that bridge and goes on; a bridge with a port
-    plugged in is someone's and is never removed."""
+    plugged in is someone's: it is never removed, and the start is refused before libvirt is asked."""
     (subnet,) = free_subnets(1)
     name = libvirt_cleanup + "br"
     bridge = "mlkvbr%d" % (os.getpid() % 100000)
@@ -221,7 +221,8 @@ def test_a_bridge_left_by_an_unfinished_start_is_removed_only_when_nothing_uses_
         result = run_networks([dict(item, state="active")])
         if plugged:
             assert result["failed"] and result["changed"] is False, result
-            assert "error creating bridge interface %s: File exists" % bridge in result["msg"], result["msg"]
+            # Refused before the start: the bridge is a host interface in use, not a leftover.
+            assert "option bridge: value %r is already an interface of this host" % bridge in result["msg"], result["msg"]
             assert os.path.isdir("/sys/class/net/%s/brif/%s" % (bridge, port))  # left as it was
         else:
             assert not result["failed"] and result["changed"], result
