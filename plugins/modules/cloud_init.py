@@ -322,7 +322,8 @@ class SeedRunner:
 
 
 def main() -> None:
-    module = new_module(AnsibleModule,
+    module = new_module(
+        AnsibleModule,
         argument_spec=dict(
             dest=dict(type="path", required=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),

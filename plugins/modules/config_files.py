@@ -204,7 +204,8 @@ class ValidationFailedError(KvmError):
 
 # What a file or directory created without an explicit mode gets: the base a symbolic mode
 # applies to for a path that does not exist yet (as ansible.builtin.copy sees a new file).
-NEW_FILE_BASE, NEW_DIR_BASE = 0o666, 0o777
+NEW_FILE_BASE = 0o666
+NEW_DIR_BASE = 0o777
 
 
 class _StatLike:
@@ -229,7 +230,7 @@ def parse_mode(option: str, value: Any) -> Union[int, str]:
         except ValueError:
             try:
                 AnsibleModule._symbolic_mode_to_octal(_StatLike(0), value)
-            except Exception:  # pylint: disable=broad-except - ansible raises ValueError or others
+            except Exception:  # pylint: disable=broad-except  # ansible raises ValueError or others
                 raise InvalidInputError(option, value, "is neither an octal number nor a symbolic mode",
                                         'quote it as a string of octal digits, for example "0644", or give a '
                                         'symbolic mode such as "u=rw,g=r,o="')
@@ -456,7 +457,8 @@ class ConfigFilesRunner:
 
 
 def main() -> None:
-    module = new_module(AnsibleModule,
+    module = new_module(
+        AnsibleModule,
         argument_spec=dict(directories=dict(type="list", elements="dict", default=[], options=DIRECTORY_SPEC),
                            files=dict(type="list", elements="dict", default=[], options=FILE_SPEC),
                            command_timeout=dict(type="int", default=300)),

@@ -395,7 +395,8 @@ class CmdlineRunner:
 
 
 def main() -> None:
-    module = new_module(AnsibleModule,
+    module = new_module(
+        AnsibleModule,
         argument_spec=dict(
             args=dict(type="list", elements="str", default=[]),
             iommu=dict(type="str", default="none", choices=["none", "auto", "intel", "amd"]),

@@ -241,7 +241,7 @@ def main() -> None:
         ca_path=dict(type="path"),
     )
     module = new_module(AnsibleModule, argument_spec=argument_spec, supports_check_mode=True,
-                           required_if=[("state", "present", ["password"])])
+                        required_if=[("state", "present", ["password"])])
 
     def runner() -> Dict[str, Any]:
         spec = UserSpec.from_params(module.params)

@@ -197,7 +197,8 @@ def runner_for(module: AnsibleModule):
 
 
 def main() -> None:
-    module = new_module(AnsibleModule,
+    module = new_module(
+        AnsibleModule,
         argument_spec=dict(
             nvidia_smi=dict(type="path"),
             xml_file=dict(type="path"),

@@ -197,7 +197,8 @@ class PciInfoRunner:
 
 
 def main() -> None:
-    module = new_module(AnsibleModule,
+    module = new_module(
+        AnsibleModule,
         argument_spec=dict(
             **roots_argspec("sysfs_root", "proc_root"),
             gpus_only=dict(type="bool", default=False),

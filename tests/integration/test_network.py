@@ -473,8 +473,8 @@ LONG = "n" * 300
     ("domains", {"state": "deleted", "config": [{"name": LONG}]}, "name"),
 ])
 @pytest.mark.parametrize("check", [True, False])
-def test_names_too_long_or_with_control_characters_are_refused_naming_the_option(libvirtd, module, args, option,
-                                                                                   check):
+def test_names_too_long_or_with_control_characters_are_refused_naming_the_option(
+        libvirtd, module, args, option, check):
     import os
     locks_before = set(os.listdir("/run/mlinfra")) if os.path.isdir("/run/mlinfra") else set()
     result = run_module_process(module, args, check=check)

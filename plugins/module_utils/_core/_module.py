@@ -43,7 +43,7 @@ def _first_non_mapping(spec: Dict[str, Any], params: Any, prefix: str = "") -> A
         path = prefix + name
         items = list(enumerate(value)) if isinstance(value, list) and entry.get("type") == "list" else [(None, value)]
         for index, item in items:
-            item_path = path if index is None else "%s[%d]" % (path, index)
+            item_path = path if index is None else "%s[%s]" % (path, index)
             if not isinstance(item, dict):
                 return (item_path, item)
             found = _first_non_mapping(sub, item, item_path + ".")
@@ -52,13 +52,15 @@ def _first_non_mapping(spec: Dict[str, Any], params: Any, prefix: str = "") -> A
     return None
 
 
+_SUBOPTION_KEYS = ("options", "apply_defaults", "required_if", "required_one_of", "mutually_exclusive",
+                   "required_together", "required_by")
+
+
 def _without_suboptions(spec: Dict[str, Any]) -> Dict[str, Any]:
     """The argument spec without suboptions, so type checks alone judge each top-level value."""
     plain = {}
     for name, entry in spec.items():
-        entry = {k: v for k, v in entry.items() if k not in ("options", "apply_defaults", "required_if",
-                                                               "required_one_of", "mutually_exclusive",
-                                                               "required_together", "required_by")}
+        entry = {k: v for k, v in entry.items() if k not in _SUBOPTION_KEYS}
         if entry.get("type") == "list" and entry.get("elements") == "dict":
             entry.pop("elements")
         plain[name] = entry

@@ -97,7 +97,7 @@ def collect_once(uri: str, path: str, last_read_at: Optional[float], timeout: fl
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--uri", default="qemu:///system", help="libvirt URI to read")
     parser.add_argument("--textfile", required=True, metavar="PATH.prom",

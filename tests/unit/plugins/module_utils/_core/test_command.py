@@ -28,7 +28,7 @@ def test_a_command_past_its_bound_is_killed_with_its_children(tmp_path):
     assert time.monotonic() - start < 15
     assert "within 1 s" in info.value.msg
     child = int(pidfile.read_text())
-    for _ in range(50):  # the group was SIGKILLed; the grandchild is reaped by init
+    for _attempt in range(50):  # the group was SIGKILLed; the grandchild is reaped by init
         try:
             os.kill(child, 0)
         except ProcessLookupError:

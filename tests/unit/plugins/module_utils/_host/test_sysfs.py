@@ -31,8 +31,8 @@ def test_a_root_that_is_not_a_directory_names_the_option(tmp_path, name, option,
     tree.meminfo(16 * 1024 * 1024)
     tree.hugepages()
     roots = {k: v for k, v in tree.roots().items() if k in ("sysfs_root", "proc_root") or name != "pci_info"}
-    for value in hostile_roots(tmp_path):
     # absent is allowed: an etc_root the module fills may not exist yet
+    for value in hostile_roots(tmp_path):
         result = run_module_process(name, dict(roots, **extra, **{option: value}), check=True)
         assert result["failed"] and result["msg"].startswith("option %s: value" % option), (value, result)
         assert "exception" not in result, result
