@@ -65,12 +65,12 @@ def run_bounded(argv: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S,
     try:
         out, err = proc.communicate(None if data is None else data.encode("utf-8"), timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         raise CommandTimeoutError(argv, timeout_s) from None
     return (proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
 
-def _kill_group(proc: "subprocess.Popen[bytes]") -> None:
+def kill_group(proc: "subprocess.Popen[bytes]") -> None:
     """SIGKILL the command's whole process group and reap it, so nothing is left behind."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from .._core._command import CommandTimeoutError
+from .._core._command import CommandTimeoutError, kill_group
 from .._core._errors import InvalidInputError, KvmError
 
 # Seconds the interpreter probe and each git command may take: an interpreter on a hung network
@@ -56,14 +55,7 @@ def run_bytes(argv: List[str], timeout_s: float, cwd: Optional[str] = None,
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            proc.communicate(timeout=10)
-        except (subprocess.TimeoutExpired, OSError):
-            pass
+        kill_group(proc)
         raise CommandTimeoutError(argv, timeout_s) from None
     return proc.returncode, out, err
 
