@@ -13,7 +13,8 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 	qemu-system-x86 qemu-utils dnsmasq-base ovmf genisoimage xorriso debootstrap parted \
 	e2fsprogs iproute2 openssh-client rsync git python3-venv python3-dev podman runc \
 	prometheus prometheus-alertmanager prometheus-node-exporter prometheus-libvirt-exporter \
-	prometheus-blackbox-exporter daemon chromium chromium-driver nftables
+	prometheus-blackbox-exporter daemon chromium chromium-driver nftables \
+	slurmctld slurmd slurmdbd slurm-client munge mariadb-server
 
 .PHONY: help setup apt venv vendor daemons test test-unit test-gates test-integration test-vm test-container test-lab test-molecule test-gpu-host \
 	image lab teardown bench build clean sanity units lint changelog docs
