@@ -20,6 +20,7 @@ ALLOWED = {
     "_libvirt": {"_core", "_host"},
     "_nvidia": {"_core"},
     "_ml": {"_core"},
+    "_slurm": {"_core"},
 }
 ABSOLUTE = "ansible_collections.mlinfra.kvm.plugins.module_utils."
 

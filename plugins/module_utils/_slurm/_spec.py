@@ -1,0 +1,38 @@
+# -*- coding: utf-8 -*-
+# Copyright: mlinfra.kvm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Slurm modules' argument specs, beside their runners (the docs in each module say the same)."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+
+def slurm_config_spec() -> Dict[str, Any]:
+    gpu = dict(file=dict(type="path", required=True), type=dict(type="str"))
+    node = dict(name=dict(type="str", required=True), address=dict(type="str"), cpus=dict(type="int"),
+                memory_mb=dict(type="int"),
+                gpus=dict(type="list", elements="dict", default=[], options=gpu),
+                shards=dict(type="int", default=0), features=dict(type="list", elements="str", default=[]))
+    partition = dict(name=dict(type="str", required=True), nodes=dict(type="list", elements="str"),
+                     default=dict(type="bool", default=False), max_time=dict(type="str"))
+    paths = dict(state_save=dict(type="path", default="/var/lib/slurm/slurmctld"),
+                 spool=dict(type="path", default="/var/lib/slurm/slurmd"),
+                 run=dict(type="path", default="/run/slurm"), log=dict(type="path", default="/var/log/slurm"))
+    return dict(
+        config_dir=dict(type="path", default="/etc/slurm"),
+        cluster_name=dict(type="str", required=True),
+        controller=dict(type="dict", required=True, options=dict(host=dict(type="str", required=True),
+                                                                 address=dict(type="str"))),
+        slurmctld_port=dict(type="int", default=6817),
+        slurmd_port=dict(type="int", default=6818),
+        slurm_user=dict(type="str", default="slurm"),
+        munge_socket=dict(type="path"),
+        accounting=dict(type="dict", options=dict(host=dict(type="str", required=True), port=dict(type="int", default=6819))),
+        nodes=dict(type="list", elements="dict", required=True, options=node),
+        partitions=dict(type="list", elements="dict", required=True, options=partition),
+        proctrack=dict(type="str", choices=["cgroup", "linuxproc"], default="cgroup"),
+        cgroup_plugin=dict(type="str", choices=["autodetect", "cgroup/v1", "cgroup/v2"], default="autodetect"),
+        paths=dict(type="dict", default={}, options=paths),
+        extra=dict(type="dict", default={}),
+        local_node=dict(type="str"),
+    )
