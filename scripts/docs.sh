@@ -29,4 +29,4 @@ mkdir -p "$DEST/rst"
   --dest-dir "$DEST/rst" mlinfra.kvm
 "$BIN/python" "$ROOT/scripts/docs_prepare.py" "$DEST/rst"
 "$BIN/sphinx-build" -q -b html -W --keep-going -c "$ROOT/docs/site" "$DEST/rst" "$DEST/html"
-echo "docs: $DEST/html/index.html ($(ls "$DEST/rst" | wc -l) pages)"
+echo "docs: $DEST/html/index.html ($(find "$DEST/rst" -mindepth 1 -maxdepth 1 | wc -l) pages)"

@@ -38,7 +38,7 @@ busy_percent() {  # busy_percent "BUSY0 IDLE0" "BUSY1 IDLE1"
 }
 
 prebuild_pid=""
-# shellcheck disable=SC2317  # called through the EXIT trap
+# shellcheck disable=SC2317,SC2329  # called through the EXIT trap (SC2329 is ShellCheck 0.11's name for it)
 stop_prebuild() {
   if [ -n "$prebuild_pid" ] && kill -0 "$prebuild_pid" 2>/dev/null; then
     echo "=== stopping the background image build"
