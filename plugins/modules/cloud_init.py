@@ -152,6 +152,36 @@ actions:
   type: list
   elements: str
   sample: ["build seed ISO with genisoimage"]
+uid:
+  description: Numeric owner of the seed ISO (Ansible adds the file's attributes to a result that names a file).
+  returned: when the seed ISO exists after the run (a real run with O(state=present); check mode only for an existing one)
+  type: int
+  sample: 0
+gid:
+  description: Numeric group of the seed ISO.
+  returned: when the seed ISO exists after the run (a real run with O(state=present); check mode only for an existing one)
+  type: int
+  sample: 0
+owner:
+  description: Owner name of the seed ISO.
+  returned: when the seed ISO exists after the run (a real run with O(state=present); check mode only for an existing one)
+  type: str
+  sample: root
+group:
+  description: Group name of the seed ISO.
+  returned: when the seed ISO exists after the run (a real run with O(state=present); check mode only for an existing one)
+  type: str
+  sample: root
+size:
+  description: Size of the seed ISO in bytes.
+  returned: when the seed ISO exists after the run (a real run with O(state=present); check mode only for an existing one)
+  type: int
+  sample: 374784
+state:
+  description: Kind of the seed ISO (C(file)).
+  returned: when the seed ISO exists after the run (a real run with O(state=present); check mode only for an existing one)
+  type: str
+  sample: file
 '''
 
 import os

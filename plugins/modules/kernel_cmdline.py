@@ -165,6 +165,41 @@ written:
   returned: when the update command fails
   type: list
   elements: str
+uid:
+  description: Numeric owner of the GRUB drop-in (Ansible adds the file's attributes to a result that names a file).
+  returned: when the drop-in exists after the run (grub_dropin backend; check mode only for an existing one)
+  type: int
+  sample: 0
+gid:
+  description: Numeric group of the GRUB drop-in.
+  returned: when the drop-in exists after the run (grub_dropin backend; check mode only for an existing one)
+  type: int
+  sample: 0
+owner:
+  description: Owner name of the GRUB drop-in.
+  returned: when the drop-in exists after the run (grub_dropin backend; check mode only for an existing one)
+  type: str
+  sample: root
+group:
+  description: Group name of the GRUB drop-in.
+  returned: when the drop-in exists after the run (grub_dropin backend; check mode only for an existing one)
+  type: str
+  sample: root
+size:
+  description: Size of the GRUB drop-in in bytes.
+  returned: when the drop-in exists after the run (grub_dropin backend; check mode only for an existing one)
+  type: int
+  sample: 374784
+state:
+  description: Kind of the GRUB drop-in (C(file)).
+  returned: when the drop-in exists after the run (grub_dropin backend; check mode only for an existing one)
+  type: str
+  sample: file
+mode:
+  description: File mode of the GRUB drop-in.
+  returned: when the drop-in exists after the run (grub_dropin backend; check mode only for an existing one)
+  type: str
+  sample: "0644"
 '''
 
 import os

@@ -571,6 +571,16 @@ algorithm:
   description: The content hash algorithm used.
   returned: always
   type: str
+frozen:
+  description: The O(frozen) option as given (a frozen stage reports when it is due but never runs).
+  returned: always
+  type: bool
+params_file:
+  description:
+    - The file the parameters are written to, relative to O(chdir) - O(params_file), or the file under
+      the stage's state directory when only O(params) is given; null without parameters.
+  returned: always
+  type: str
 rc:
   description: Exit status of the command.
   returned: when the command ran
@@ -585,6 +595,14 @@ stdout_tail:
   type: str
 stderr_tail:
   description: The last O(tail_lines) lines of stderr.
+  returned: when the command ran
+  type: str
+stdout_log:
+  description: The file on the target host that holds the command's whole stdout (of its last run).
+  returned: when the command ran
+  type: str
+stderr_log:
+  description: The file on the target host that holds the command's whole stderr (of its last run).
   returned: when the command ran
   type: str
 deps:
