@@ -105,6 +105,36 @@ def test_bindep_resolves_the_system_packages(context: Dict[str, Path]) -> None:
                           timeout=120, check=False)
     assert proc.returncode == 0 and not proc.stdout.strip(), (
         "bindep found missing packages on this machine:\n%s%s" % (proc.stdout, proc.stderr))
-    listed = subprocess.run([str(VENV_BIN / "bindep"), "-l", "newline", "-f", str(bindep)], capture_output=True,
-                            text=True, timeout=120, check=True).stdout.split()
-    assert {"libvirt-dev", "gcc", "python3-dev", "genisoimage", "openssh-client"} <= set(listed), listed
+    proc = subprocess.run([str(VENV_BIN / "bindep"), "-b", "-f", str(bindep), "compile"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and not proc.stdout.strip(), (
+        "bindep found missing compile packages on this machine:\n%s%s" % (proc.stdout, proc.stderr))
+
+
+def _bindep_list(bindep: Path, *profiles: str) -> List[str]:
+    return subprocess.run([str(VENV_BIN / "bindep"), "-l", "newline", "-f", str(bindep), *profiles],
+                          capture_output=True, text=True, timeout=120, check=True).stdout.split()
+
+
+BUILD_ONLY = {"libvirt-dev", "gcc", "python3-dev", "pkg-config"}
+
+
+def test_the_toolchain_is_in_the_builder_stage_only(context: Dict[str, Path]) -> None:
+    """ansible-builder installs `bindep -l newline` (the default profile) in the final image and
+    `bindep -b compile` in the builder stage only: gcc, the headers and pkg-config build
+    libvirt-python's wheel there and stay out of the image, which keeps libvirt's library."""
+    bindep = context["out"] / "bindep.txt"
+    final = set(_bindep_list(bindep))
+    assert {"libvirt0", "genisoimage", "openssh-client"} <= final, final
+    assert not final & BUILD_ONLY, "build-only packages in the final image: %s" % sorted(final & BUILD_ONLY)
+    assert BUILD_ONLY <= set(_bindep_list(bindep, "compile")), _bindep_list(bindep, "compile")
+
+
+def test_python_requirements_are_ranges(context: Dict[str, Path]) -> None:
+    """The collection gives ranges, so an EE can resolve them beside other collections' needs (the
+    project's own venv keeps exact pins in requirements.txt)."""
+    from packaging.requirements import Requirement
+
+    lines = [ln.split("#")[0].strip() for ln in (context["out"] / "requirements.txt").read_text().splitlines()]
+    pinned = [ln for ln in lines if ln and any(spec.operator in ("==", "===") for spec in Requirement(ln).specifier)]
+    assert not pinned, "exact pins in the collection's EE requirements: %s" % pinned
