@@ -12,6 +12,12 @@ from .._core._command import run_bounded
 from .._core._errors import KvmError
 
 
+# What a stage's job runs on its first node: it holds the allocation until signalled, USR1 ending
+# it COMPLETED (exit 0) and USR2 FAILED (exit 1) in the accounting.
+DEFAULT_CONF = "/etc/slurm/slurm.conf"
+HOLDER = 'trap "exit 0" USR1; trap "exit 1" USR2; while :; do sleep 5 & wait $!; done'
+
+
 class SlurmCommandError(KvmError):
     """A Slurm command failed; ``msg`` carries its stderr."""
 
@@ -67,20 +73,26 @@ class SlurmCli:
         rc, out, err = self.run(["scontrol", "ping"], check=False)
         if rc != 0 or " is UP" not in out:
             where = self.controller_address()
+            said = ((out or err).strip() or "no answer").splitlines()[0]
             raise ControllerUnreachableError(
-                "no Slurm controller answers at %s: %s. Start slurmctld there (the slurm_controller role), or fix "
-                "the controller's host and port in slurm.conf" % (where, (out or err).strip() or "no answer"),
+                "no Slurm controller answers at %s (%s). Start slurmctld there (the slurm_controller role), or fix "
+                "the controller's host and port in slurm.conf" % (where, said),
                 controller=where)
 
     def controller_address(self) -> str:
-        rc, out, _err = self.run(["scontrol", "show", "config"], check=False)
-        conf = {}
-        for line in out.splitlines():
-            if "=" in line:
-                key, value = line.split("=", 1)
-                conf[key.strip()] = value.strip()
-        host = conf.get("SlurmctldHost[0]", "?")
-        return "%s port %s" % (host, conf.get("SlurmctldPort", "?"))
+        """``host (address) port N`` from slurm.conf itself: the controller that does not answer
+        cannot be asked (``scontrol show config`` needs it)."""
+        conf: Dict[str, str] = {}
+        try:
+            with open(self.conf or DEFAULT_CONF, encoding="utf-8") as handle:
+                for line in handle:
+                    key, _, value = line.split("#", 1)[0].strip().partition("=")
+                    if key in ("SlurmctldHost", "ControlMachine", "SlurmctldPort"):
+                        conf.setdefault(key, value.strip())  # the primary: the first SlurmctldHost
+        except OSError as exc:
+            return "(slurm.conf %s unreadable: %s)" % (self.conf or DEFAULT_CONF, exc.strerror)
+        host = conf.get("SlurmctldHost") or conf.get("ControlMachine") or "?"
+        return "%s port %s" % (host, conf.get("SlurmctldPort", "6817"))
 
     # -- nodes and partitions ---------------------------------------------------------------
     def nodes(self) -> Dict[str, Dict[str, str]]:
@@ -142,12 +154,6 @@ class SlurmCli:
         ids = out.split()
         return ids.index(job_id) + 1 if job_id in ids else 0
 
-    def allocate(self, argv_options: Sequence[str]) -> str:
-        """Submit an allocation that holds its nodes until released (``salloc --no-shell``) and
-        return its job id; ``--immediate`` is not used: a pending allocation is queued."""
-        rc, out, err = self.run(["sbatch", "--parsable", *argv_options, "--wrap", "exec sleep infinity"])
-        return out.strip().split(";")[0]
-
     def cancel(self, job_id: str) -> None:
         self.run(["scancel", job_id])
 
@@ -164,3 +170,21 @@ class SlurmCli:
         _rc, out, _err = self.run(["sacct", "--noheader", "--parsable2", "--jobs", job_id,
                                    "--format", ",".join(self.SACCT_FIELDS)])
         return [r for r in parse_pipe_table(out, [f.lower() for f in self.SACCT_FIELDS]) if "." in r["jobid"]]
+
+    # -- allocations held by a job (slurm_job) ------------------------------------------------
+    def submit(self, options: Sequence[str]) -> str:
+        """Submit a job that holds its allocation until signalled (_job_runner.HOLDER); its id."""
+        _rc, out, _err = self.run(["sbatch", "--parsable", *options, "--wrap", HOLDER])
+        return out.strip().split(";")[0]
+
+    def signal_batch(self, job_id: str, signal: str) -> None:
+        self.run(["scancel", "--batch", "--signal", signal, job_id])
+
+    def last_accounting_named(self, name: str) -> Optional[Dict[str, str]]:
+        """The accounting record of the newest job called ``name`` (any user, the last 30 days)."""
+        _rc, out, _err = self.run(["sacct", "--noheader", "--parsable2", "--allocations", "--allusers",
+                                   "--name", name, "--starttime", "now-30days",
+                                   "--format", ",".join(self.SACCT_FIELDS)])
+        rows = parse_pipe_table(out, [f.lower() for f in self.SACCT_FIELDS])
+        return max(rows, key=lambda r: int(r["jobid"].split("_")[0]) if r["jobid"].split("_")[0].isdigit() else 0) \
+            if rows else None

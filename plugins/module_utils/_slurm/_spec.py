@@ -36,3 +36,27 @@ def slurm_config_spec() -> Dict[str, Any]:
         extra=dict(type="dict", default={}),
         local_node=dict(type="str"),
     )
+
+
+def slurm_job_spec() -> Dict[str, Any]:
+    mlflow = dict(tracking_uri=dict(type="str", required=True), run_id=dict(type="str"),
+                  username=dict(type="str"), password=dict(type="str", no_log=True),
+                  token=dict(type="str", no_log=True), ca_path=dict(type="path"))
+    return dict(
+        name=dict(type="str", required=True),
+        state=dict(type="str", choices=["running", "completed", "failed", "absent"], default="running"),
+        partition=dict(type="str"),
+        account=dict(type="str"),
+        qos=dict(type="str"),
+        nodes=dict(type="int", default=1),
+        nodelist=dict(type="list", elements="str", default=[]),
+        gpus_per_node=dict(type="int", default=0),
+        cpus_per_node=dict(type="int"),
+        time_limit=dict(type="str"),
+        comment=dict(type="str"),
+        wait_timeout=dict(type="int", default=3600),
+        poll_interval=dict(type="float", default=5.0),
+        mlflow=dict(type="dict", options=mlflow),
+        conf=dict(type="path"),
+        command_timeout=dict(type="int", default=60),
+    )

@@ -1,6 +1,7 @@
 """plugins/module_utils/ is split into layers (README: "Layout"). Each file lives in a layer,
 and a layer imports only the layers it is allowed to: `_core` none, `_libvirt` `_core` and
-`_host` (a domain's PCI devices), every other layer `_core` alone. Read from the import
+`_host` (a domain's PCI devices), `_slurm` `_core` and `_ml` (a job's
+accounting on its stage's MLflow run), every other layer `_core` alone. Read from the import
 statements, so a new cross-layer import fails here with the file and the line."""
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ ALLOWED = {
     "_libvirt": {"_core", "_host"},
     "_nvidia": {"_core"},
     "_ml": {"_core"},
-    "_slurm": {"_core"},
+    "_slurm": {"_core", "_ml"},  # a job's accounting lands on its stage's MLflow run
 }
 ABSOLUTE = "ansible_collections.mlinfra.kvm.plugins.module_utils."
 
