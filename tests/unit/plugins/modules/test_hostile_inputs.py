@@ -117,6 +117,7 @@ BASE: Dict[str, Dict[str, Any]] = {
     "domain_info": {"uri": TEST_URI, "name": "test"},
     "domains": {"uri": TEST_URI, "config": [{"name": "mlkvmtest-hostile", "memory": "512MiB", "vcpus": 1}],
                 "scope": {"name_prefix": "mlkvmtest-"}},
+    "gpu_health": {"nvidia_smi": Tmp("absent-nvidia-smi"), "kernel_log": "none"},
     "hugepages": dict(roots("sysfs_root", "proc_root", "etc_root"), count=4),
     "kernel_cmdline": {"args": ["quiet"], "backend": "grub_dropin", "etc_root": Roots("etc_root"),
                        "proc_root": Roots("proc_root"), "update_grub_command": ["/bin/true"],
@@ -160,7 +161,7 @@ UNTOUCHED = {"uri", "update_grub_command", "grubby_command", "modprobe_command",
 
 # Paths a module only reads may point at a secret; paths it may write get harmless hostile targets.
 READ_ONLY_PATHS = {"import_from", "backing", "kernel", "initrd", "ovmf_code", "ovmf_vars", "xml_file",
-                   "ca_path", "params_file", "metrics_file"}
+                   "ca_path", "params_file", "metrics_file", "kernel_log_file"}
 
 
 def module_names() -> List[str]:
