@@ -73,6 +73,16 @@ options:
         never returned or stored (tokens, passwords).
     type: dict
     default: {}
+  launcher:
+    description:
+      - Argv the command is started through, e.g. a Slurm step of the job that holds the stage's
+        nodes (C([srun, --jobid, '42', --overlap, --nodes, '1', --ntasks, '1', --nodelist, worker1])),
+        see M(mlinfra.kvm.slurm_job).
+      - B(Not part of the cache key) (where the command runs, not what it computes); recorded in the
+        lock's run record. Its program must be on the command's PATH.
+    type: list
+    elements: str
+    default: []
   runtime_env:
     description:
       - Environment variables that say where and how the command runs, not what it computes,
@@ -696,6 +706,7 @@ ARGUMENT_SPEC = dict(
     env=dict(type="dict", default={}),
     secret_env=dict(type="dict", default={}, no_log=True),
     runtime_env=dict(type="dict", default={}),
+    launcher=dict(type="list", elements="str", default=[]),
     deps=dict(type="list", elements="raw", default=[]),
     ignore=dict(type="list", elements="str", default=[]),
     params=dict(type="raw", default={}),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 DOCUMENTATION = r'''
 module: slurm_config
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 short_description: A Slurm cluster's slurm.conf, gres.conf and cgroup.conf from one declaration
 attributes:
   check_mode:
@@ -43,7 +45,7 @@ options:
     description: The host slurmctld runs on.
     type: dict
     required: true
-    options:
+    suboptions:
       host:
         description: Its short host name, as C(hostname -s) prints it there.
         type: str
@@ -70,7 +72,7 @@ options:
   accounting:
     description: slurmdbd's address; accounting, associations, limits and QOS are enforced when set.
     type: dict
-    options:
+    suboptions:
       host:
         description: slurmdbd's host.
         type: str
@@ -84,7 +86,7 @@ options:
     type: list
     elements: dict
     required: true
-    options:
+    suboptions:
       name:
         description: Node name (NodeName).
         type: str
@@ -103,7 +105,7 @@ options:
         type: list
         elements: dict
         default: []
-        options:
+        suboptions:
           file:
             description: Its device file, e.g. C(/dev/nvidia0).
             type: path
@@ -125,7 +127,7 @@ options:
     type: list
     elements: dict
     required: true
-    options:
+    suboptions:
       name:
         description: Partition name.
         type: str
@@ -157,7 +159,7 @@ options:
     description: Where the daemons keep state, spool, PID and log files.
     type: dict
     default: {}
-    options:
+    suboptions:
       state_save:
         description: slurmctld's state (StateSaveLocation).
         type: path

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 DOCUMENTATION = r'''
 module: slurm_job
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 short_description: Hold a Slurm allocation for one stage run, found again by its name, and account for it
 attributes:
   check_mode:
@@ -92,7 +94,7 @@ options:
       (tags C(slurm.job_id), C(slurm.account), C(slurm.nodes), C(slurm.state); metrics C(slurm_gpu_hours),
       C(slurm_cpu_hours), C(slurm_elapsed_s)).
     type: dict
-    options:
+    suboptions:
       tracking_uri:
         description: The tracking server.
         type: str

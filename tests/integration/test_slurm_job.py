@@ -146,8 +146,8 @@ def test_a_killed_rank_fails_the_stage_its_job_and_its_mlflow_run(cluster, clean
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x").write_text("1")
     stage = {"name": "train", "chdir": str(tmp_path), "deps": ["data/"], "outs": ["out/"],
-             "cmd": ["srun", "--jobid", job_id, "--overlap", "-N2", "-n2", "sh", "-c",
-                     'if [ "$(hostname)" = "%s" ]; then kill -9 $$; fi; sleep 1' % victim],
+             "launcher": ["srun", "--jobid", job_id, "--overlap", "-N2", "-n2"],
+             "cmd": ["sh", "-c", 'if [ "$(hostname)" = "%s" ]; then kill -9 $$; fi; sleep 1' % victim],
              "env": {"SLURM_CONF": cluster.conf},
              "mlflow": {"tracking_uri": mlflow_server.url, "experiment": "slurm-killed-rank-%d" % os.getpid()}}
     failed = run_module_process("ml_stage", stage, timeout=300)
@@ -166,6 +166,26 @@ def test_a_killed_rank_fails_the_stage_its_job_and_its_mlflow_run(cluster, clean
 
     successor = run_module_process("slurm_job", job_args(cluster, "train-killed", wait_timeout=0))
     assert successor["predecessor"] == {"job_id": job_id, "state": "FAILED"}, successor
+
+
+def test_a_stage_runs_as_steps_of_its_job_and_the_job_is_not_part_of_its_key(cluster, clean_queue, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x").write_text("1")
+    stage = {"name": "train", "chdir": str(tmp_path), "deps": ["data/"], "outs": ["out/"],
+             "cmd": ["sh", "-c", 'mkdir -p out && hostname > "out/$(hostname)"'], "env": {"SLURM_CONF": cluster.conf}}
+    first = run_module_process("slurm_job", job_args(cluster, "train-steps-1"))
+    ran = run_module_process("ml_stage", dict(stage, launcher=["srun", "--jobid", first["job_id"], "--overlap", "-N1",
+                                                                  "-n1", "--nodelist", cluster.node_names[1]]))
+    assert ran["changed"] and ran["ran"], ran
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [cluster.node_names[1]]  # ran on that node
+    run_module_process("slurm_job", job_args(cluster, "train-steps-1", state="completed"))
+
+    second = run_module_process("slurm_job", job_args(cluster, "train-steps-2"))
+    again = run_module_process("ml_stage", dict(stage, launcher=["srun", "--jobid", second["job_id"], "--overlap",
+                                                                    "-N1", "-n1"]))
+    assert not again["changed"] and not again["would_run"] and again["key"] == ran["key"], again
+    bad = run_module_process("ml_stage", dict(stage, launcher=["no-such-srun"]))
+    assert bad["failed"] and "launcher" in bad["msg"] and "no-such-srun" in bad["msg"], bad
 
 
 @pytest.mark.parametrize("over,option,words", [

@@ -773,7 +773,7 @@ class StageRunner:
         """Refuse a command that cannot start, before anything is spawned (the supervisor
         would start fine and only then fail to start it)."""
         spec = self.spec
-        prog = spec.cmd[0]
+        prog = (spec.launcher or spec.cmd)[0]
         if os.sep in prog:
             found = os.path.join(spec.chdir, prog)
             ok = os.path.isfile(found) and os.access(found, os.X_OK)
@@ -789,7 +789,7 @@ class StageRunner:
         the command and raises StageInterrupted."""
         spec = self.spec
         self._check_executable(env)
-        argv = supervised_argv(sys.executable, spec.cmd, STOP_GRACE)
+        argv = supervised_argv(sys.executable, spec.launcher + spec.cmd, STOP_GRACE)
         # The handlers go in before the command starts: a signal that came between its start and
         # the handlers (the running record's fsync can take seconds on a loaded host) ended the
         # module with no result. Until the record is written a signal is held, then acted on.
@@ -812,7 +812,7 @@ class StageRunner:
                     raise StageFailed("option cmd: %s could not be started (%s); install it or fix "
                                       "the path" % (spec.cmd[0], exc), changed=False)
             try:
-                self.record.write(env[TOKEN_VAR], proc.pid, spec.cmd, self._run_mlflow)
+                self.record.write(env[TOKEN_VAR], proc.pid, spec.launcher + spec.cmd, self._run_mlflow)
                 armed = True
                 if held:
                     raise _Signalled(held[0])
@@ -897,6 +897,8 @@ class StageRunner:
             run["mps"] = {k: v for k, v in spec.mps.summary().items() if k != "env"}
         if spec.runtime_env and reused_from is None:  # where it ran; not in the key
             run["runtime_env"] = dict(spec.runtime_env)
+        if spec.launcher and reused_from is None:  # how it was started (srun); not in the key
+            run["launcher"] = list(spec.launcher)
         doc = {"format": LOCK_FORMAT, "stage": spec.name, "key": key, "inputs": inputs,
                "outs": outs, "metrics": metrics, "run": run}
         return doc, manifest

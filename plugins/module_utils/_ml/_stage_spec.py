@@ -157,6 +157,7 @@ class StageSpec:
                                     "put each variable in one of env (what the command computes, "
                                     "part of the key), runtime_env (where it runs) or secret_env")
         self.cmd = self._cmd(p.get("cmd"))
+        self.launcher = self._launcher(p.get("launcher"))
 
     def _read_metrics_export(self, p: Dict[str, Any]) -> None:
         """Where the stage's metrics go for node_exporter, and their labels."""
@@ -351,6 +352,20 @@ class StageSpec:
                                         "is not a scalar", "give strings or numbers")
             out[key] = str(val)
         return out
+
+    def _launcher(self, launcher: Any) -> List[str]:
+        """The argv the command is started through (``srun --jobid ...``): where it runs, so
+        not part of the key; its program must exist like the command's."""
+        if not launcher:
+            return []
+        if not isinstance(launcher, list) or not all(isinstance(a, str) and a for a in launcher):
+            raise InvalidInputError("launcher", launcher, "is not a list of non-empty strings",
+                                    "give the launcher as argv, e.g. [srun, --jobid, '42', --overlap]")
+        path_env = self.env.get("PATH", os.environ.get("PATH", os.defpath))
+        if os.sep not in launcher[0] and shutil.which(launcher[0], path=path_env) is None:
+            raise InvalidInputError("launcher", launcher, "names a program (%s) that is not on PATH" % launcher[0],
+                                    "install it (srun: the slurm_node role) or give its full path")
+        return list(launcher)
 
     def _cmd(self, cmd: Any) -> List[str]:
         if not isinstance(cmd, list) or not cmd:

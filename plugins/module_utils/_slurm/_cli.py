@@ -132,6 +132,37 @@ class SlurmCli:
     def sacctmgr(self, *args: str) -> None:
         self.run(["sacctmgr", "--immediate", *args])
 
+    def accounting_address(self) -> str:
+        """``host port N`` of slurmdbd from slurm.conf (AccountingStorageHost/Port), for the
+        error that says which slurmdbd did not answer."""
+        conf: Dict[str, str] = {}
+        try:
+            with open(self.conf or DEFAULT_CONF, encoding="utf-8") as handle:
+                for line in handle:
+                    key, _, value = line.split("#", 1)[0].strip().partition("=")
+                    if key in ("AccountingStorageHost", "AccountingStoragePort"):
+                        conf[key] = value.strip()
+        except OSError as exc:
+            return "(slurm.conf %s unreadable: %s)" % (self.conf or DEFAULT_CONF, exc.strerror)
+        return "%s port %s" % (conf.get("AccountingStorageHost", "?"), conf.get("AccountingStoragePort", "6819"))
+
+    def accounting_clusters(self) -> List[str]:
+        """The clusters slurmdbd knows (``sacctmgr add cluster``)."""
+        return [row["cluster"] for row in self.sacctmgr_show("cluster", ["Cluster"])]
+
+    def accounting_qos(self) -> List[Dict[str, str]]:
+        return self.sacctmgr_show("qos", ["Name", "GrpTRES", "MaxWall", "Priority"])
+
+    def accounting_accounts(self) -> List[Dict[str, str]]:
+        return self.sacctmgr_show("account", ["Account", "Descr", "Org"])
+
+    def accounting_associations(self, cluster: str) -> List[Dict[str, str]]:
+        """One cluster's associations: an account's own row has an empty ``user``."""
+        return self.sacctmgr_show("association", ["Account", "User", "ParentName", "QOS"], "cluster=%s" % cluster)
+
+    def accounting_users(self) -> List[Dict[str, str]]:
+        return self.sacctmgr_show("user", ["User", "DefaultAccount"])
+
     # -- jobs -------------------------------------------------------------------------------
     SQUEUE_FIELDS = ("id", "name", "state", "reason", "nodes", "account", "partition", "user")
 

@@ -60,3 +60,22 @@ def slurm_job_spec() -> Dict[str, Any]:
         conf=dict(type="path"),
         command_timeout=dict(type="int", default=60),
     )
+
+
+def slurm_accounts_spec() -> Dict[str, Any]:
+    state = dict(type="str", choices=["present", "absent"], default="present")
+    qos = dict(name=dict(type="str", required=True), max_gpus=dict(type="int"), max_wall=dict(type="str"),
+               priority=dict(type="int"), state=state)
+    account = dict(name=dict(type="str", required=True), description=dict(type="str"),
+                   organization=dict(type="str"), parent=dict(type="str", default="root"),
+                   qos=dict(type="list", elements="str"), state=state)
+    user = dict(name=dict(type="str", required=True), accounts=dict(type="list", elements="str", default=[]),
+                default_account=dict(type="str"), state=state)
+    return dict(
+        cluster=dict(type="str", required=True),
+        qos=dict(type="list", elements="dict", default=[], options=qos),
+        accounts=dict(type="list", elements="dict", default=[], options=account),
+        users=dict(type="list", elements="dict", default=[], options=user),
+        conf=dict(type="path"),
+        command_timeout=dict(type="int", default=30),
+    )
