@@ -6,6 +6,8 @@ from __future__ import annotations
 
 DOCUMENTATION = r'''
 module: slurm_accounts
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 short_description: Slurm accounts, QOS and users in slurmdbd, declared per cluster
 attributes:
   check_mode:
@@ -36,7 +38,7 @@ options:
     type: list
     elements: dict
     default: []
-    options:
+    suboptions:
       name:
         description: QOS name (lower case).
         type: str
@@ -60,7 +62,7 @@ options:
     type: list
     elements: dict
     default: []
-    options:
+    suboptions:
       name:
         description: Account name (lower case; C(root) is slurmdbd's own).
         type: str
@@ -89,7 +91,7 @@ options:
     type: list
     elements: dict
     default: []
-    options:
+    suboptions:
       name:
         description: The user's login name.
         type: str

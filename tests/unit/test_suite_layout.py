@@ -57,6 +57,7 @@ TESTED_THROUGH = {
     "modules/networks.py": "tests/integration/test_resource_lists.py",
     "modules/pool.py": "tests/integration/test_pool.py",
     "modules/pools.py": "tests/integration/test_resource_lists.py",
+    "modules/slurm_accounts.py": "tests/integration/test_slurm_accounts.py",
     "modules/slurm_job.py": "tests/integration/test_slurm_job.py",
     "modules/snapshot.py": "tests/integration/test_snapshot.py",
     "modules/snapshot_info.py": "tests/integration/test_snapshot.py",
