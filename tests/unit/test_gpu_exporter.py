@@ -357,6 +357,14 @@ def test_once_h200_exposition(tmp_path, capture):
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("counter", 0),
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("counter", 0),
         "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", 0),
+        # from the health rules, read in the same capture (nvidia-smi.txt: Gen 5, 16x, ECC 0)
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("counter", 0), "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("counter", 0),
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": ("counter", 0), "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": ("counter", 0),
+        "DCGM_FI_DEV_ROW_REMAP_PENDING": ("gauge", 0),
+        "DCGM_FI_DEV_PCIE_LINK_GEN": ("gauge", 5), "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": ("gauge", 5),
+        "DCGM_FI_DEV_PCIE_LINK_WIDTH": ("gauge", 16), "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": ("gauge", 16),
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("gauge", 0),
+        "mlinfra_gpu_health_verdict": ("gauge", 0),
     }
     assert set(families) == set(expected) | HEALTH  # no energy family: nvidia-smi has no counter
     for name, (kind, value) in expected.items():
@@ -892,3 +900,86 @@ def test_port_in_use_is_a_clear_error(tmp_path):
         result = run_exporter("--listen", "127.0.0.1:%s" % port, "--kmsg", "", "--source", "nvidia-smi")
     assert result.returncode == 1
     assert "cannot listen on 127.0.0.1:%s" % port in result.stderr and "Traceback" not in result.stderr
+
+
+# --------------------------------------------------------------------------- GPU health under DCGM's names
+
+HEALTH_FIXTURES = ROOT / "tests" / "fixtures" / "gpu-health"
+HEALTH_RULES = ROOT / "plugins" / "module_utils" / "_nvidia" / "_health.py"
+
+
+@pytest.mark.parametrize("xml, log, series, value, verdict", [
+    ("capture", "", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0, 0),
+    ("dbe.xml", "", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 2, 2),
+    ("row-remap-pending.xml", "", "DCGM_FI_DEV_ROW_REMAP_PENDING", 1, 1),
+    ("pcie-x8.xml", "", "DCGM_FI_DEV_PCIE_LINK_WIDTH", 8, 1),
+    ("thermal-throttle.xml", "", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 0x40, 1),
+    ("capture", "xid79.log", "DCGM_FI_DEV_XID_ERRORS", 79, 2),
+    ("capture", "xid13.log", "DCGM_FI_DEV_XID_ERRORS", 13, 0),
+])
+def test_each_health_fixture_exports_its_value_and_verdict(tmp_path, capture, xml, log, series, value, verdict):
+    """The values tests/unit/monitoring/alerts.test.yml feeds promtool come from here."""
+    text = capture if xml == "capture" else (HEALTH_FIXTURES / xml).read_text()
+    smi = fake_nvidia_smi(tmp_path, text)
+    kmsg = ["--kmsg", str(HEALTH_FIXTURES / log)] if log else []
+    result = run_once("--source", "nvidia-smi", "--nvidia-smi", str(smi), *kmsg)
+    assert result.returncode == 0, result.stderr
+    families = parse_exposition(result.stdout)
+    labels, got = only_value(families, series)
+    assert labels == DCGM_LABELS and got == value
+    assert only_value(families, "mlinfra_gpu_health_verdict")[1] == verdict
+    problems = families.get("mlinfra_gpu_health_problem")
+    if verdict:
+        (problem,) = problems.samples
+        assert problem[0]["what_to_do"] and problem[0]["UUID"] == UUID
+    else:
+        assert problems is None  # a healthy GPU has no problem series (XID 13 is only a note)
+
+
+def test_without_the_health_rules_the_exporter_still_serves_and_says_why(tmp_path, capture):
+    """A copy of the script alone (the role installs the rules beside it; here they are absent)."""
+    alone = tmp_path / "bin" / "mlinfra-gpu-exporter"
+    alone.parent.mkdir()
+    alone.write_text(EXPORTER.read_text())
+    if Path("/usr/local/lib/mlinfra-gpu-exporter/mlinfra_gpu_health.py").exists():
+        pytest.skip("this machine has the health rules installed where the exporter looks first")
+    smi = fake_nvidia_smi(tmp_path, capture)
+    result = subprocess.run([sys.executable, str(alone), "--once", "--hostname", HOST, "--kmsg", "",
+                             "--source", "nvidia-smi", "--nvidia-smi", str(smi)],
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
+    assert result.returncode == 0, result.stderr
+    families = parse_exposition(result.stdout)
+    assert "DCGM_FI_DEV_FB_FREE" in families and "mlinfra_gpu_health_verdict" not in families
+    assert "GPU health series not exported: the health rules are not installed" in result.stderr
+
+
+def test_the_health_rules_installed_beside_the_script_are_used(tmp_path, capture):
+    """The layout the monitoring role installs: the rules under their exporter-side name."""
+    (tmp_path / "bin").mkdir()
+    alone = tmp_path / "bin" / "mlinfra-gpu-exporter"
+    alone.write_text(EXPORTER.read_text())
+    (tmp_path / "bin" / "mlinfra_gpu_health.py").write_text(HEALTH_RULES.read_text())
+    smi = fake_nvidia_smi(tmp_path, (HEALTH_FIXTURES / "dbe.xml").read_text())
+    result = subprocess.run([sys.executable, str(alone), "--once", "--hostname", HOST, "--kmsg", "",
+                             "--source", "nvidia-smi", "--nvidia-smi", str(smi)],
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
+    assert result.returncode == 0, result.stderr
+    assert only_value(parse_exposition(result.stdout), "mlinfra_gpu_health_verdict")[1] == 2
+
+
+@pytest.mark.parametrize("xml, log", [("capture", "xid79.log"), ("dbe.xml", "")])
+def test_the_alert_tests_feed_promtool_what_the_exporter_publishes(tmp_path, capture, xml, log):
+    """The mlinfra_gpu_health_problem series of tests/unit/monitoring/alerts.test.yml carry the
+    exporter's own reason labels for the fixtures, so the GPUUnhealthy summary tested there is
+    the one a real alert shows."""
+    text = capture if xml == "capture" else (HEALTH_FIXTURES / xml).read_text()
+    kmsg = ["--kmsg", str(HEALTH_FIXTURES / log)] if log else []
+    result = run_once("--source", "nvidia-smi", "--nvidia-smi", str(fake_nvidia_smi(tmp_path, text)), *kmsg)
+    problems = parse_exposition(result.stdout)["mlinfra_gpu_health_problem"].samples
+    import yaml
+    tests = yaml.safe_load((ROOT / "tests" / "unit" / "monitoring" / "alerts.test.yml").read_text())["tests"]
+    fed = {series["series"] for group in tests for series in group.get("input_series", [])
+           if series["series"].startswith("mlinfra_gpu_health_problem{")}
+    for labels, _value in problems:
+        wanted = 'detail="%s",what_to_do="%s"' % (labels["detail"], labels["what_to_do"])
+        assert any(wanted in series for series in fed), wanted

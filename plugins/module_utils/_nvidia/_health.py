@@ -239,40 +239,47 @@ def _text(value: Any) -> Optional[str]:
 NVLINK_COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))
 
 
-def _nvml_nvlink(nvml: Any, handle: Any, optional: Any) -> Optional[Dict[str, int]]:
+def _nvml_nvlink(query: Any, nvml: Any) -> Optional[Dict[str, int]]:
     """Error counters summed over the active links; None where the GPU has no NVLink."""
     totals = {name: 0 for name, _ in NVLINK_COUNTERS}
     active = 0
     for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
-        if not optional(nvml.nvmlDeviceGetNvLinkState, handle, link):
+        if not query("nvmlDeviceGetNvLinkState", link):
             continue
         active += 1
         for name, counter in NVLINK_COUNTERS:
-            totals[name] += int(optional(nvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter) or 0)
+            totals[name] += int(query("nvmlDeviceGetNvLinkErrorCounter", link, counter) or 0)
     return dict(totals, links=active) if active else None
 
 
 def reading_from_nvml(nvml: Any, index: int, optional: Any) -> Dict[str, Any]:
     """The same reading through NVML. ``optional(call, *args)`` returns None where the query is
-    not supported (and re-raises a lost GPU): the caller decides what "not available" means."""
+    not supported (and re-raises a lost GPU): the caller decides what "not available" means.
+    A call this pynvml does not have (an older nvidia-ml-py) is not available either."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
 
+    def query(name: str, *args: Any) -> Any:
+        call = getattr(nvml, name, None)
+        return optional(call, handle, *args) if call is not None else None
+
     def ecc(kind: int, counter: int) -> Optional[int]:
-        value = optional(nvml.nvmlDeviceGetTotalEccErrors, handle, kind, counter)
+        value = query("nvmlDeviceGetTotalEccErrors", kind, counter)
         return int(value) if value is not None else None
 
-    remap = optional(nvml.nvmlDeviceGetRemappedRows, handle)
-    reasons_call = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    mask = optional(reasons_call, handle)
-    power_mw = optional(nvml.nvmlDeviceGetPowerUsage, handle)
-    limit_mw = optional(nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
-    energy = optional(nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
-    pending = optional(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
-    reading = {
+    remap = query("nvmlDeviceGetRemappedRows")
+    mask = query("nvmlDeviceGetCurrentClocksEventReasons")
+    if mask is None:
+        mask = query("nvmlDeviceGetCurrentClocksThrottleReasons")
+    power_mw = query("nvmlDeviceGetPowerUsage")
+    limit_mw = query("nvmlDeviceGetEnforcedPowerLimit")
+    energy = query("nvmlDeviceGetTotalEnergyConsumption")
+    pending = query("nvmlDeviceGetRetiredPagesPendingStatus")
+    bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+    return {
         "index": index,
         "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
         "name": _text(nvml.nvmlDeviceGetName(handle)),
-        "pci_bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
+        "pci_bus_id": bus_id,
         "source": "nvml",
         "ecc_mode": None,
         # NVML_MEMORY_ERROR_TYPE_CORRECTED 0 / UNCORRECTED 1; NVML_VOLATILE_ECC 0 / NVML_AGGREGATE_ECC 1
@@ -282,23 +289,22 @@ def reading_from_nvml(nvml: Any, index: int, optional: Any) -> Dict[str, Any]:
         "retired_pages_pending": bool(pending) if pending is not None else None,
         "row_remap_pending": bool(remap[2]) if remap is not None else None,
         "row_remap_failure": bool(remap[3]) if remap is not None else None,
-        "pcie_gen_current": optional(nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle),
-        "pcie_gen_max": optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
-        "pcie_width_current": optional(nvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
-        "pcie_width_max": optional(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
+        "pcie_gen_current": query("nvmlDeviceGetCurrPcieLinkGeneration"),
+        "pcie_gen_max": query("nvmlDeviceGetMaxPcieLinkGeneration"),
+        "pcie_width_current": query("nvmlDeviceGetCurrPcieLinkWidth"),
+        "pcie_width_max": query("nvmlDeviceGetMaxPcieLinkWidth"),
         "throttle": {name: bool(int(mask) & bit) for name, bit in THROTTLE_BITS} if mask is not None else {},
         "power_w": power_mw / 1000.0 if power_mw is not None else None,
         "power_limit_w": limit_mw / 1000.0 if limit_mw is not None else None,
         "energy_mj": int(energy) if energy is not None else None,
-        "nvlink": _nvml_nvlink(nvml, handle, optional),
+        "nvlink": _nvml_nvlink(query, nvml),
         "recovery_action": None,
-        "gpu_temp": optional(nvml.nvmlDeviceGetTemperature, handle, 0),  # NVML_TEMPERATURE_GPU
+        "gpu_temp": query("nvmlDeviceGetTemperature", 0),  # NVML_TEMPERATURE_GPU
         # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN 0, _SLOWDOWN 1
-        "temp_slowdown": optional(nvml.nvmlDeviceGetTemperatureThreshold, handle, 1),
-        "temp_shutdown": optional(nvml.nvmlDeviceGetTemperatureThreshold, handle, 0),
+        "temp_slowdown": query("nvmlDeviceGetTemperatureThreshold", 1),
+        "temp_shutdown": query("nvmlDeviceGetTemperatureThreshold", 0),
         "temp_margin": None, "temp_margin_slowdown": None, "temp_margin_shutdown": None,
     }
-    return reading
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -319,7 +325,7 @@ def _memory_reasons(r: Mapping[str, Any]) -> Iterable[Dict[str, str]]:
         yield _reason("ecc", HEALTHY, "%d corrected (single-bit) ECC errors since the last reset"
                       % r["ecc_sbe_volatile"], NONE)
     if r.get("sram_threshold_exceeded"):
-        yield _reason("ecc", UNHEALTHY, "SRAM uncorrectable error threshold exceeded", DRAIN_REPLACE)
+        yield _reason("sram", UNHEALTHY, "SRAM uncorrectable error threshold exceeded", DRAIN_REPLACE)
     if r.get("row_remap_failure"):
         yield _reason("row_remap", UNHEALTHY, "row remapping failed: no spare rows left for a bad row", DRAIN_REPLACE)
     if r.get("row_remap_pending"):

@@ -12,6 +12,12 @@ initialises, otherwise by running `nvidia-smi -q -x`. Both sources produce the s
 (GpuRecord, MigInstance), so the exposition does not depend on where the numbers came from.
 XID errors come from the kernel log (/dev/kmsg), where the NVIDIA driver reports them.
 
+Health (ECC, row remapping, PCIe link, throttle reasons, NVLink) and the verdict per GPU come from
+the collection's gpu_health rules (plugins/module_utils/_nvidia/_health.py), which the monitoring
+role installs as HEALTH_MODULE_DIRS[0]/mlinfra_gpu_health.py; the exporter and the train stage's
+check then judge a GPU the same way. Without that file the exporter still serves everything
+else, and says so once in its log.
+
 Only the standard library is required (Python 3.11).
 """
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import errno
 import http.server
+import importlib.util
 import logging
 import math
 import os
@@ -33,7 +40,7 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET  # parses our own nvidia-smi's output, never foreign input
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 LOG = logging.getLogger("mlinfra-gpu-exporter")
@@ -44,6 +51,32 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_PROFILE = "unknown"
 
 Number = Union[int, float]
+
+# Where the health rules are looked for: where the monitoring role installs them, beside this
+# script, and in the collection's own tree (a checkout or an installed collection).
+HEALTH_MODULE_DIRS = ("/usr/local/lib/mlinfra-gpu-exporter", os.path.dirname(os.path.realpath(__file__)))
+HEALTH_MODULE_NAME = "mlinfra_gpu_health.py"
+HEALTH_IN_COLLECTION = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir, os.pardir, os.pardir,
+                                    "plugins", "module_utils", "_nvidia", "_health.py")
+
+
+def load_health() -> tuple[Any, Optional[str]]:
+    """(the health module, None), or (None, why not)."""
+    candidates = [os.path.join(d, HEALTH_MODULE_NAME) for d in HEALTH_MODULE_DIRS] + [HEALTH_IN_COLLECTION]
+    for path in candidates:
+        if not os.path.isfile(path):
+            continue
+        spec = importlib.util.spec_from_file_location("mlinfra_gpu_health", path)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as exc:  # a broken copy must not stop the exporter
+            return None, "%s does not load: %s: %s" % (path, type(exc).__name__, exc)
+        return module, None
+    return None, "the health rules are not installed (looked for %s)" % ", ".join(candidates)
+
+
+HEALTH, HEALTH_MISSING = load_health()
 
 
 class ReadError(Exception):
@@ -93,6 +126,11 @@ class GpuRecord:
     mig_enabled: bool = False
     mig_instances: tuple[MigInstance, ...] = ()
     last_xid: Optional[int] = None  # joined from the kernel log by the Collector, not by sources
+    # The health rules' reading (None without them) and its verdict, judged by the Collector with
+    # the XIDs. Not part of the record's identity: each source words its reading its own way
+    # (source, thresholds), and the test of the two sources compares those values apart.
+    health: Optional[Mapping[str, Any]] = field(default=None, compare=False)
+    verdict: Optional[Mapping[str, Any]] = field(default=None, compare=False)
 
     @property
     def device(self) -> str:
@@ -294,7 +332,8 @@ def gpu_from_xml(index: int, gpu: ET.Element, driver: Optional[str],
         uncorrectable_remapped_rows=parse_int(_find(gpu, "remapped_rows/remapped_row_unc")),
         row_remap_failure=parse_yes_no(_find(gpu, "remapped_rows/remapped_row_failure")),
         mig_enabled=mig_enabled,
-        mig_instances=_mig_instances_from_xml(gpu, profiles) if mig_enabled else ())
+        mig_instances=_mig_instances_from_xml(gpu, profiles) if mig_enabled else (),
+        health=HEALTH.reading_from_xml(index, gpu) if HEALTH is not None else None)
 
 
 def gpus_from_xml(root: ET.Element,
@@ -505,7 +544,9 @@ def gpu_from_nvml(nvml: Any, index: int, driver: Optional[str]) -> GpuRecord:
         uncorrectable_remapped_rows=int(remap[1]) if remap is not None else None,
         row_remap_failure=int(bool(remap[3])) if remap is not None else None,
         mig_enabled=mig_enabled,
-        mig_instances=instances)
+        mig_instances=instances,
+        health=(HEALTH.reading_from_nvml(nvml, index, lambda call, *args: _nvml_optional(nvml, call, *args))
+                if HEALTH is not None else None))
 
 
 def read_nvml(nvml: Any) -> Reading:
@@ -541,6 +582,9 @@ class NvmlSource:
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]+:[0-9a-fA-F]+:[0-9a-fA-F]+)(?:\.[0-7])?\): (\d+)")
 
 
+XIDS_KEPT = 256
+
+
 class KernelXidWatcher:
     """The last XID per GPU, from the kernel log.
 
@@ -556,6 +600,7 @@ class KernelXidWatcher:
         self._failed = False
         self._partial = b""
         self._last: dict[tuple[int, int, int], int] = {}
+        self._all: dict[tuple[int, int, int], list[int]] = {}
         self._warn = OnceLog(LOG)
 
     def _open(self) -> bool:
@@ -582,6 +627,13 @@ class KernelXidWatcher:
                 key = pci_key(match.group(1))
                 if key is not None:
                     self._last[key] = int(match.group(2))
+                    seen = self._all.setdefault(key, [])
+                    seen.append(int(match.group(2)))
+                    del seen[:-XIDS_KEPT]  # the verdict needs which XIDs, not every repeat
+
+    def all_xids(self) -> dict[tuple[int, int, int], list[int]]:
+        """Every XID seen per GPU since the log's start (the last XIDS_KEPT), for the verdict."""
+        return {key: list(xids) for key, xids in self._all.items()}
 
     def poll(self) -> dict[tuple[int, int, int], int]:
         if self._failed or (self._fd is None and not self._open()):
@@ -648,7 +700,55 @@ DCGM_METRICS: tuple[MetricSpec, ...] = (
                "Number of remapped rows for correctable errors", lambda g: g.correctable_remapped_rows),
     MetricSpec("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
                lambda g: g.row_remap_failure),
+    # From the health rules (absent when they are not installed, or the source says N/A).
+    MetricSpec("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.",
+               lambda g: _health_value(g, "ecc_sbe_volatile")),
+    MetricSpec("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.",
+               lambda g: _health_value(g, "ecc_dbe_volatile")),
+    MetricSpec("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "Total number of single-bit persistent ECC errors.",
+               lambda g: _health_value(g, "ecc_sbe_aggregate")),
+    MetricSpec("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "Total number of double-bit persistent ECC errors.",
+               lambda g: _health_value(g, "ecc_dbe_aggregate")),
+    MetricSpec("DCGM_FI_DEV_RETIRED_PENDING", "gauge", "Whether a page retirement is pending (1) or not (0).",
+               lambda g: _health_value(g, "retired_pages_pending")),
+    MetricSpec("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether a row remap is pending (1) or not (0).",
+               lambda g: _health_value(g, "row_remap_pending")),
+    MetricSpec("DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe link generation in use.",
+               lambda g: _health_value(g, "pcie_gen_current")),
+    MetricSpec("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "gauge", "Highest PCIe link generation the GPU supports.",
+               lambda g: _health_value(g, "pcie_gen_max")),
+    MetricSpec("DCGM_FI_DEV_PCIE_LINK_WIDTH", "gauge", "PCIe link width in use (lanes).",
+               lambda g: _health_value(g, "pcie_width_current")),
+    MetricSpec("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "gauge", "Widest PCIe link the GPU supports (lanes).",
+               lambda g: _health_value(g, "pcie_width_max")),
+    MetricSpec("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge",
+               "Current clock throttle reasons (NVML bitmask: 0x8 HW slowdown, 0x20 SW thermal, "
+               "0x40 HW thermal, 0x80 HW power brake).",
+               lambda g: HEALTH.throttle_mask(g.health.get("throttle") or {}) if g.health is not None else None),
+    MetricSpec("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink flow-control CRC errors.",
+               lambda g: _nvlink_value(g, "crc_flit")),
+    MetricSpec("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink data CRC errors.",
+               lambda g: _nvlink_value(g, "crc_data")),
+    MetricSpec("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.",
+               lambda g: _nvlink_value(g, "replay")),
+    MetricSpec("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors.",
+               lambda g: _nvlink_value(g, "recovery")),
+    MetricSpec("mlinfra_gpu_health_verdict", "gauge",
+               "The gpu_health verdict: 0 healthy, 1 degraded, 2 unhealthy (the reasons are in mlinfra_gpu_health_problem).",
+               lambda g: HEALTH.verdict_code(g.verdict["verdict"]) if g.verdict is not None else None),
 )
+
+HEALTH_PROBLEM_METRIC = "mlinfra_gpu_health_problem"
+
+def _health_value(gpu: GpuRecord, key: str) -> Optional[Number]:
+    value = gpu.health.get(key) if gpu.health is not None else None
+    return int(value) if isinstance(value, bool) else value
+
+
+def _nvlink_value(gpu: GpuRecord, key: str) -> Optional[Number]:
+    links = gpu.health.get("nvlink") if gpu.health is not None else None
+    return links.get(key) if links else None  # no series on a GPU without NVLink
+
 
 UP_METRIC = "mlinfra_gpu_exporter_up"
 GPUS_METRIC = "mlinfra_gpu_exporter_gpus"
@@ -696,6 +796,21 @@ def entity_labels(gpu: GpuRecord, hostname: str, instance: Optional[MigInstance]
     return labels
 
 
+def health_problems(snapshot: Snapshot, hostname: str) -> list[str]:
+    """One series per reason a GPU is not healthy, labelled with what to do, so that an alert can
+    say it; a healthy GPU has none."""
+    samples = []
+    for gpu in snapshot.gpus:
+        for reason in (gpu.verdict or {}).get("reasons", ()):
+            labels = entity_labels(gpu, hostname, None) + [
+                ("check", reason["check"]), ("verdict", reason["verdict"]), ("action", reason["action"]),
+                ("detail", reason["detail"]), ("what_to_do", reason["what_to_do"])]
+            samples.append(format_sample(HEALTH_PROBLEM_METRIC, labels, 1))
+    if not samples:
+        return []
+    return format_family(HEALTH_PROBLEM_METRIC, "gauge", "1 per reason a GPU is degraded or unhealthy.", samples)
+
+
 def monitored_entities(gpu: GpuRecord) -> Iterator[Optional[MigInstance]]:
     """dcgm-exporter's default ("flex") choice: a GPU with MIG instances is monitored through
     its instances, one without as the whole GPU. None stands for the whole GPU."""
@@ -720,6 +835,7 @@ def render_metrics(snapshot: Snapshot, hostname: str) -> str:
                 samples.append(format_sample(spec.name, entity_labels(gpu, hostname, instance), value))
         if samples:  # a family without samples would only be noise (and a GPU-less guest has none)
             lines += format_family(spec.name, spec.kind, spec.help, samples)
+    lines += health_problems(snapshot, hostname)
     lines += format_family(UP_METRIC, "gauge",
                            "1 if the last read of the GPUs succeeded (also with no GPU), 0 if it failed.",
                            [format_sample(UP_METRIC, [("source", snapshot.source)], int(snapshot.up))])
@@ -748,6 +864,7 @@ class Collector:
         self._cached: Optional[Snapshot] = None
         self._read_at = 0.0
         self._problems = OnceLog(LOG)
+        self._health_warn = OnceLog(LOG)
 
     def snapshot(self) -> Snapshot:
         with self._lock:  # concurrent scrapes wait for one read instead of starting their own
@@ -777,7 +894,18 @@ class Collector:
         if self._problems.forget():
             LOG.info("reading GPUs works again: %d GPU(s) through %s", len(reading.gpus), name)
         xids = self.xid_watcher.poll() if self.xid_watcher is not None else {}
-        return Snapshot(name, True, tuple(replace(gpu, last_xid=_last_xid(xids, gpu)) for gpu in reading.gpus))
+        history = self.xid_watcher.all_xids() if self.xid_watcher is not None else {}
+        if HEALTH is None:
+            self._health_warn.log(logging.WARNING, "GPU health series not exported: %s" % HEALTH_MISSING)
+        return Snapshot(name, True, tuple(replace(gpu, last_xid=_last_xid(xids, gpu),
+                                                  verdict=_verdict(gpu, history)) for gpu in reading.gpus))
+
+
+def _verdict(gpu: GpuRecord, history: Mapping[tuple[int, int, int], list[int]]) -> Optional[Mapping[str, Any]]:
+    if HEALTH is None or gpu.health is None:
+        return None
+    key = pci_key(gpu.pci_bus_id)
+    return HEALTH.judge(gpu.health, history.get(key, []) if key is not None else [])
 
 
 def _last_xid(xids: Mapping[tuple[int, int, int], int], gpu: GpuRecord) -> int:
