@@ -5,6 +5,10 @@ job of another account pending for Resources, a drained node; then slurmdbd and 
 stopped, which the collector publishes as down instead of failing."""
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,10 +16,13 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, Tuple
 
+import yaml
+
 import pytest
 
 from conftest import ROOT
 from slurm_cluster import Cluster
+from test_roles_static import failures, run_playbook
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +94,59 @@ def test_queue_nodes_gpus_and_accounting_of_a_real_cluster(cluster, tmp_path):
     assert got['mlinfra_slurm_account_gpu_hours{account="team-a"}'] > 0
     assert 'mlinfra_slurm_account_gpu_hours{account="team-b"}' not in got   # pending: no GPU time yet
     assert not [k for k in got if k.startswith("mlinfra_slurm_command_error")], got
+
+
+def _play(tmp_path: Path, cluster: Cluster, textfiles: Path, script: Path) -> Path:
+    play = tmp_path / "slurm_state.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "Slurm collector", "hosts": "localhost", "gather_facts": False,
+        "tasks": [{"name": "collector", "ansible.builtin.include_role": {
+            "name": "mlinfra.kvm.monitoring", "tasks_from": "slurm_state"}}],
+        "vars": {"monitoring_slurm_state_path": str(script),
+                 "monitoring_textfile_dir": str(textfiles), "monitoring_slurm_interval": 1,
+                 "monitoring_slurm_conf": cluster.conf},
+    }], sort_keys=False))
+    return play
+
+
+def _changed(proc: subprocess.CompletedProcess) -> int:
+    found = re.findall(r"localhost\s*:.*changed=(\d+).*failed=(\d+)", proc.stdout)
+    assert found and found[-1][1] == "0", (failures(proc), proc.stdout[-3000:])
+    return int(found[-1][0])
+
+
+@pytest.mark.skipif(os.path.exists("/run/systemd/system") or not shutil.which("daemon"),
+                    reason="runs the init-script path (no systemd as PID 1, Debian's `daemon` installed)")
+def test_the_role_runs_the_collector_four_ways_without_systemd(cluster, tmp_path):
+    """The role's slurm_state tasks on this host (no systemd: an init script that runs the
+    collector through `daemon --respawn`): check predicts, apply installs and starts, and both
+    again report no change; the running collector publishes the real cluster's slurmctld as up."""
+    textfiles = tmp_path / "textfiles"
+    textfiles.mkdir()
+    # Outside /tmp: `daemon` refuses a program under a world-writable directory.
+    script = Path("/usr/local/sbin/mlinfra-slurm-state-test%d" % os.getpid())
+    play = _play(tmp_path, cluster, textfiles, script)
+    no_systemd = ("-e", json.dumps({"__monitoring_systemd": False}))  # over the role's own read of PID 1
+    init = Path("/etc/init.d/mlinfra-slurm-state")
+    assert not init.exists(), "an mlinfra-slurm-state init script is already installed on this host"
+    try:
+        assert _changed(run_playbook(play, "--check", *no_systemd)) > 0
+        assert not init.exists()
+        assert _changed(run_playbook(play, *no_systemd)) > 0
+        assert _changed(run_playbook(play, "--check", *no_systemd)) == 0
+        assert _changed(run_playbook(play, *no_systemd)) == 0
+        prom = textfiles / "mlinfra_slurm_state.prom"
+        wait_for("the collector's textfile", lambda: prom.exists()
+                 and 'mlinfra_slurm_up{daemon="slurmctld"} 1' in prom.read_text(), timeout=60)
+        assert "--slurm-conf %s" % cluster.conf in init.read_text()
+    finally:
+        if init.exists():
+            subprocess.run([str(init), "stop"], capture_output=True, timeout=60, check=False)
+            subprocess.run(["update-rc.d", "-f", "mlinfra-slurm-state", "remove"], capture_output=True, timeout=60,
+                           check=False)
+            init.unlink()
+        if script.exists():
+            script.unlink()
 
 
 def test_stopped_daemons_are_published_as_down(cluster, tmp_path):

@@ -1,0 +1,152 @@
+"""The monitoring role's Slurm alert rules (roles/monitoring/templates/mlinfra-slurm.rules.yml.j2).
+
+Rendered the way Ansible's template module renders it (the #jinja2: header sets [[ ]] as the
+variable delimiters, so Prometheus' {{ $labels.x }} pass through), with the role's defaults. The
+file must pass `promtool check rules`, and `promtool test rules` runs
+tests/unit/monitoring/slurm.rules.test.yml against it: every alert fires in one case (exact
+labels and summary) and stays quiet in another.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List
+
+import jinja2
+import jinja2.meta
+import pytest
+import yaml
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+ROLE = Path(ROOT) / "roles" / "monitoring"
+TEMPLATE = ROLE / "templates" / "mlinfra-slurm.rules.yml.j2"
+PROMTOOL_TESTS = Path(__file__).resolve().parent / "monitoring" / "slurm.rules.test.yml"
+RULE_FILE_NAME = "mlinfra-slurm.rules.yml"
+ALERTS = ["SlurmctldDown", "SlurmdbdDown", "SlurmNodeDown", "SlurmNodeDrained", "SlurmJobPendingTooLong"]
+VARIABLES = {"monitoring_slurm_alerts_silenced", "monitoring_slurm_alert_daemon_down_for",
+             "monitoring_slurm_alert_node_for", "monitoring_slurm_alert_pending_hours"}
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool (Debian package prometheus) is not installed; `make setup` installs it")
+
+
+def defaults() -> Dict[str, Any]:
+    return yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+
+
+def environment() -> tuple:
+    header, _unused, body = TEMPLATE.read_text().partition("\n")
+    assert header.startswith("#jinja2:"), "the template must start with a #jinja2: header line"
+    overrides = {}
+    for pair in header[len("#jinja2:"):].split(","):
+        key, value = pair.split(":", 1)
+        overrides[key.strip()] = ast.literal_eval(value.strip())
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=False, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined, **overrides)
+    return env, body
+
+
+def render(**overrides: Any) -> str:
+    env, body = environment()
+    values = {k: v for k, v in defaults().items() if k in VARIABLES}
+    values.update(overrides)
+    return env.from_string(body).render(**values)
+
+
+def rules_of(text: str) -> List[Dict[str, Any]]:
+    return [rule for group in yaml.safe_load(text)["groups"] for rule in (group["rules"] or [])]
+
+
+def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, cwd=str(cwd), timeout=120, check=False)
+
+
+def test_the_template_reads_only_its_documented_variables_which_the_role_defines():
+    env, body = environment()
+    assert jinja2.meta.find_undeclared_variables(env.parse(body)) == VARIABLES
+    specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())
+    options = {name: spec for entry in specs["argument_specs"].values() for name, spec in entry["options"].items()}
+    for name in VARIABLES:
+        assert name in defaults() and name in options, name
+        assert options[name]["default"] == defaults()[name], name
+    assert options["monitoring_slurm_alerts_silenced"]["choices"] == ALERTS
+
+
+def test_every_alert_has_severity_a_summary_and_a_description_that_say_what_to_do():
+    rules = rules_of(render())
+    assert [rule["alert"] for rule in rules] == ALERTS
+    for rule in rules:
+        assert rule["labels"]["severity"] in {"critical", "warning"}, rule["alert"]
+        for text in (rule["annotations"]["summary"], rule["annotations"]["description"]):
+            assert re.search(r"`[^`]+`", text), (rule["alert"], text)   # a command to run
+
+
+def test_durations_and_threshold_come_from_the_variables():
+    rules = {rule["alert"]: rule for rule in rules_of(render(
+        monitoring_slurm_alert_daemon_down_for="7m", monitoring_slurm_alert_node_for="11m",
+        monitoring_slurm_alert_pending_hours=0.5))}
+    assert rules["SlurmctldDown"]["for"] == rules["SlurmdbdDown"]["for"] == "7m"
+    assert rules["SlurmNodeDown"]["for"] == rules["SlurmNodeDrained"]["for"] == "11m"
+    assert re.search(r"> 1800\b", rules["SlurmJobPendingTooLong"]["expr"]), rules["SlurmJobPendingTooLong"]["expr"]
+
+
+@pytest.mark.parametrize("name", ALERTS)
+def test_a_silenced_alert_is_left_out(tmp_path, name):
+    rendered = render(monitoring_slurm_alerts_silenced=[name])
+    assert [rule["alert"] for rule in rules_of(rendered)] == [a for a in ALERTS if a != name]
+
+
+@needs_promtool
+def test_silencing_everything_leaves_a_valid_file(tmp_path):
+    (tmp_path / RULE_FILE_NAME).write_text(render(monitoring_slurm_alerts_silenced=ALERTS))
+    proc = promtool("check", "rules", RULE_FILE_NAME, cwd=tmp_path)
+    assert proc.returncode == 0 and "0 rules found" in proc.stdout, proc.stdout + proc.stderr
+
+
+@needs_promtool
+def test_promtool_check_rules(tmp_path):
+    (tmp_path / RULE_FILE_NAME).write_text(render())
+    proc = promtool("check", "rules", RULE_FILE_NAME, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: %d rules found" % len(ALERTS) in proc.stdout, proc.stdout
+
+
+@needs_promtool
+def test_promtool_unit_tests(tmp_path):
+    rules = yaml.safe_load(render())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule["annotations"].pop("description")
+    (tmp_path / RULE_FILE_NAME).write_text(yaml.safe_dump(rules, sort_keys=False, width=10 ** 6))
+    shutil.copy(PROMTOOL_TESTS, tmp_path / PROMTOOL_TESTS.name)
+    proc = promtool("test", "rules", PROMTOOL_TESTS.name, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_promtool_tests_cover_every_alert_firing_and_quiet():
+    fires, quiet = set(), set()
+    for group in yaml.safe_load(PROMTOOL_TESTS.read_text())["tests"]:
+        for case in group.get("alert_rule_test", []):
+            (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
+            for alert in case.get("exp_alerts") or []:
+                assert set(alert.get("exp_annotations", {})) == {"summary"}, case["alertname"]
+    assert fires == quiet == set(ALERTS), (fires, quiet)
+
+
+def test_prometheus_gets_the_rules_file_checked_by_promtool():
+    """The server writes it into the rules directory that prometheus.yml loads (*.rules.yml),
+    through promtool, with the other rule files."""
+    tasks = yaml.safe_load((ROLE / "tasks" / "prometheus.yml").read_text())
+    [write] = [t for t in tasks if "mlinfra.kvm.config_files" in t]
+    [entry] = write["mlinfra.kvm.config_files"]["files"]
+    assert entry["path"] == "{{ __monitoring_rules_dir }}/%s" % RULE_FILE_NAME
+    assert "mlinfra-slurm.rules.yml.j2" in entry["content"]
+    assert entry["validate"] == ["promtool", "check", "rules", "%s"]
+    assert "{{ __monitoring_rules_dir }}/*.rules.yml" in (ROLE / "templates" / "prometheus.yml.j2").read_text()
