@@ -77,3 +77,84 @@ def test_the_readme_changes_one_parameter_with_the_overrides():
     readme = (Path(ROOT) / "README.md").read_text()
     assert '"pipeline_train_params_overrides"' in readme
     assert '-e \'{"pipeline_train_params": ' not in readme, "an example replacing the whole mapping drops keys"
+
+
+# --------------------------------------------------------------------------- GPU health before the train
+
+HEALTH_FIXTURES = Path(ROOT) / "tests" / "fixtures" / "gpu-health"
+SHARED_CAPTURE = Path(ROOT).parent / "shared" / "fixtures" / "h200-passthrough-guest" / "nvidia-smi-q.xml"
+
+
+def gpu_check(tmp_path: Path, extra_vars: dict, check: bool = False):
+    """The role's tasks/gpu_health.yml on localhost as the one planned worker; (result, failures)."""
+    play = tmp_path / "gpu_health.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "train's GPU check", "hosts": "localhost", "gather_facts": False,
+        "tasks": [{"name": "the role's GPU check", "ansible.builtin.include_role": {
+            "name": "mlinfra.kvm.pipeline", "tasks_from": "gpu_health"}}],
+    }], sort_keys=False))
+    inventory = tmp_path / "hosts.yml"  # the role plans its workers from this group
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"mlinfra_worker": {"hosts": {
+        "localhost": {"ansible_connection": "local"}}}}}}))
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps(extra_vars))
+    proc = run_playbook(play, "-i", str(inventory), "-e", "@%s" % extra, *(["--check"] if check else []))
+    return proc, failures(proc)
+
+
+def smi_options(xml: Path, log: str = "") -> dict:
+    if not xml.is_file():
+        pytest.skip("fixture %s is missing" % xml)
+    options = {"source": "nvidia-smi", "xml_file": str(xml)}
+    options.update({"kernel_log_file": str(HEALTH_FIXTURES / log)} if log else {"kernel_log": "none"})
+    return {"pipeline_gpu_health_options": options}
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_the_train_refuses_an_unhealthy_gpu_naming_it_and_the_reason(tmp_path, check):
+    proc, failed = gpu_check(tmp_path, smi_options(HEALTH_FIXTURES / "dbe.xml"), check=check)
+    assert proc.returncode != 0
+    ((task, msg),) = failed
+    assert task.endswith("Refuse to train on an unhealthy GPU (pipeline_gpu_health_override to train anyway)")
+    assert ("localhost: GPU 0 NVIDIA H200 (GPU-a30f7539-3243-c96d-74d4-f3584a2d33e2, 00000000:00:06.0): "
+            "2 uncorrectable (double-bit) ECC errors since the last reset") in msg
+    assert "pipeline_gpu_health_override=true" in msg
+
+
+def test_a_gpu_fallen_off_the_bus_is_refused(tmp_path):
+    proc, failed = gpu_check(tmp_path, smi_options(SHARED_CAPTURE, "xid79.log"))
+    assert proc.returncode != 0 and "XID 79 (GPU has fallen off the bus" in failed[0][1]
+
+
+def test_the_override_trains_anyway_and_says_so(tmp_path):
+    proc, failed = gpu_check(tmp_path, dict(smi_options(HEALTH_FIXTURES / "dbe.xml"), pipeline_gpu_health_override=True))
+    assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:])
+    assert "pipeline_gpu_health_override=true: training despite localhost: GPU 0 NVIDIA H200" in proc.stdout
+
+
+def test_a_healthy_gpu_with_an_application_xid_passes(tmp_path):
+    proc, failed = gpu_check(tmp_path, smi_options(SHARED_CAPTURE, "xid13.log"))
+    assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:])
+    assert "GPU health: 1 GPU: 1 healthy" in proc.stdout
+
+
+def test_a_worker_without_gpu_passes_and_says_so(tmp_path):
+    options = {"pipeline_gpu_health_options": {"source": "nvidia-smi", "nvidia_smi": str(tmp_path / "no-nvidia-smi")}}
+    proc, failed = gpu_check(tmp_path, options)
+    assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:])
+    assert "no NVIDIA GPU here: nothing to refuse" in proc.stdout
+
+
+@pytest.mark.parametrize("variable, value", [("pipeline_cost_utilisation", 1.5), ("pipeline_cost_electricity_price", 0),
+                                             ("pipeline_cost_lifetime_years", 0)])
+def test_a_bad_cost_input_fails_before_the_train_naming_the_variable(tmp_path, variable, value):
+    proc, failed = gpu_check(tmp_path, dict(smi_options(SHARED_CAPTURE), **{variable: value}))
+    assert proc.returncode != 0
+    ((task, msg),) = failed
+    assert task.endswith("Check the declared cost inputs before the train starts")
+    assert "option %s: value" % variable in msg, msg
+
+
+def test_an_unknown_gpu_model_without_power_fails_naming_the_power_variable(tmp_path):
+    proc, failed = gpu_check(tmp_path, dict(smi_options(SHARED_CAPTURE), pipeline_cost_gpu_model="RTX 4090"))
+    assert proc.returncode != 0 and "option pipeline_cost_gpu_power_w" in failed[0][1], failed
