@@ -206,6 +206,26 @@ def dcgm_textfile() -> str:
     return "\n".join(out) + "\n"
 
 
+# What the monitoring role's Slurm collector (files/mlinfra_slurm_state.py) writes on the
+# slurmctld host: one job running and one pending for Resources in partition gpu, a drained
+# node (its reason with HTML in it, which must come out as text), GPU-hours of one account.
+SLURM_DRAIN_XSS = "gpu 0 fell off the bus <img src=x onerror=window.__xss=2>"
+SLURM_TEXTFILE = "\n".join([
+    'mlinfra_slurm_up{daemon="slurmctld"} 1',
+    'mlinfra_slurm_up{daemon="slurmdbd"} 1',
+    'mlinfra_slurm_jobs{partition="gpu",state="RUNNING",reason=""} 1',
+    'mlinfra_slurm_jobs{partition="gpu",state="PENDING",reason="Resources"} 1',
+    'mlinfra_slurm_pending_oldest_seconds{partition="gpu",reason="Resources"} 754',
+    'mlinfra_slurm_pending_oldest_gpus{partition="gpu",reason="Resources"} 1',
+    'mlinfra_slurm_node_state{node="slurm-w1",state="drained",reason="%s"} 1' % SLURM_DRAIN_XSS,
+    'mlinfra_slurm_node_state{node="slurm-w2",state="mixed",reason=""} 1',
+    'mlinfra_slurm_partition_gpus{partition="gpu"} 2',
+    'mlinfra_slurm_partition_gpus_allocated{partition="gpu"} 1',
+    'mlinfra_slurm_account_gpu_hours{account="team-a"} 12.5',
+    'mlinfra_slurm_gpu_usage_window_seconds 2592000',
+]) + "\n"
+
+
 @pytest.fixture(scope="module")
 def gpu_worker(tmp_path_factory: pytest.TempPathFactory):
     """A second node exporter standing in for a GPU worker VM (its textfile carries DCGM series)."""
@@ -213,6 +233,7 @@ def gpu_worker(tmp_path_factory: pytest.TempPathFactory):
     textfiles = workdir / "textfile"
     textfiles.mkdir()
     write_textfile(textfiles, "dcgm.prom", dcgm_textfile())
+    write_textfile(textfiles, "mlinfra_slurm_state.prom", SLURM_TEXTFILE)
     port = free_port()
     proc = Proc("gpu-worker-node-exporter", [
         BINARIES["node_exporter"], "--web.listen-address=%s:%d" % (LOCAL, port),
@@ -375,6 +396,7 @@ def test_dashboard_shows_hosts_vms_charts_and_stages(prometheus: Prometheus, bro
 
     assert driver.find_element(By.CSS_SELECTOR, "#sec-alerts .note").text.startswith("✓ No alerts firing")
     assert "No GPU metrics (no GPU worker is scraped)" in driver.find_element(By.ID, "sec-gpus").text
+    assert not driver.find_element(By.ID, "sec-slurm").is_displayed()   # no Slurm collector reports
     assert not driver.find_element(By.ID, "error-banner").is_displayed()
     assert driver.title == "mlinfra test platform"
 
@@ -449,6 +471,25 @@ def test_dashboard_shows_gpus_alerts_and_unmanaged_vms(start_prometheus, gpu_wor
     assert worker.find_element(By.CSS_SELECTOR, ".vm-state").text == "not in libvirt"
     assert "node exporter up" in worker.find_element(By.CSS_SELECTOR, ".vm-agent").text
     assert driver.find_elements(By.CSS_SELECTOR, '.vm-row[data-vm="test"]')
+
+    # The Slurm section: the queue per partition with its reasons, nodes with drain reasons, GPU-hours.
+    queue = wait_for("the Slurm queue row of partition gpu",
+                     lambda: driver.find_element(By.CSS_SELECTOR, '#sec-slurm tr[data-partition="gpu"]'),
+                     diagnostics=page_state)
+    assert driver.find_element(By.ID, "sec-slurm").is_displayed()
+    assert [queue.find_element(By.CSS_SELECTOR, cls).text for cls in
+            (".slurm-running", ".slurm-pending", ".slurm-reasons", ".slurm-oldest", ".slurm-gpus")] == [
+        "1", "1", "Resources 1", "12 min 34 s", "1 / 2"]
+    drained = driver.find_element(By.CSS_SELECTOR, '#sec-slurm tr[data-node="slurm-w1"]')
+    assert drained.find_element(By.CSS_SELECTOR, ".slurm-state").text == "drained"
+    assert drained.find_element(By.CSS_SELECTOR, ".slurm-reason").text == SLURM_DRAIN_XSS
+    assert driver.find_element(By.CSS_SELECTOR, '#sec-slurm tr[data-node="slurm-w2"] .slurm-state').text == "mixed"
+    account = driver.find_element(By.CSS_SELECTOR, '#sec-slurm tr[data-account="team-a"]')
+    assert account.find_element(By.CSS_SELECTOR, ".slurm-hours").text == "12.5"
+    assert "last 30 d" in driver.find_element(By.CSS_SELECTOR, "#sec-slurm .slurm-accounts h3").text
+    assert [b.text for b in driver.find_elements(By.CSS_SELECTOR, "#sec-slurm .slurm-daemon")] == ["slurmctld up", "slurmdbd up"]
+    assert "Slurm: 1 running, 1 pending, 1 node out" in driver.find_element(By.CSS_SELECTOR, ".topbar .summary").text
+    assert driver.execute_script("return window.__xss === undefined")
 
     wait_for("GPU charts with a few points",
              lambda: int(cards[0].find_element(By.CSS_SELECTOR, ".chart-box").get_attribute("data-drawn-points") or 0) >= 5,

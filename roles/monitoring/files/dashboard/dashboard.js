@@ -973,6 +973,161 @@
     return { stagesFailed: model.stages.filter((s) => s.success === 0).length, stages: model.stages.length };
   }
 
+  // ------------------------------------------------------------------ section: Slurm
+
+  /**
+   * The Slurm collector's series (files/mlinfra_slurm_state.py on the slurmctld host): the
+   * queue per partition with the pending reasons, node states with drain reasons, GPU-hours per
+   * account. The section stays hidden while no collector reports (no mlinfra_slurm_up series).
+   */
+  async function loadSlurm() {
+    const [up, jobs, oldest, gpus, gpusAlloc, nodes, hours, windowSeconds] = await Promise.all([
+      instant('mlinfra_slurm_up'),
+      instant('mlinfra_slurm_jobs'),
+      instant('mlinfra_slurm_pending_oldest_seconds'),
+      instant('mlinfra_slurm_partition_gpus'),
+      instant('mlinfra_slurm_partition_gpus_allocated'),
+      instant('mlinfra_slurm_node_state'),
+      instant('mlinfra_slurm_account_gpu_hours'),
+      instant('mlinfra_slurm_gpu_usage_window_seconds'),
+    ]);
+    const daemons = {};
+    for (const r of up) daemons[r.labels.daemon] = r.value;
+    const partitions = new Map();
+    const partition = (name) => {
+      if (!partitions.has(name)) {
+        partitions.set(name, { name, running: 0, pending: 0, reasons: new Map(), oldest: null, gpus: null, gpusAlloc: null });
+      }
+      return partitions.get(name);
+    };
+    for (const r of jobs) {
+      const p = partition(r.labels.partition || '');
+      const n = isNum(r.value) ? r.value : 0;
+      if (r.labels.state === 'RUNNING') p.running += n;
+      else if (r.labels.state === 'PENDING') {
+        p.pending += n;
+        const reason = r.labels.reason || '?';
+        p.reasons.set(reason, (p.reasons.get(reason) || 0) + n);
+      }
+    }
+    for (const r of oldest) {
+      const p = partition(r.labels.partition || '');
+      if (isNum(r.value) && (p.oldest === null || r.value > p.oldest)) p.oldest = r.value;
+    }
+    for (const r of gpus) partition(r.labels.partition || '').gpus = r.value;
+    for (const r of gpusAlloc) partition(r.labels.partition || '').gpusAlloc = r.value;
+    const byName = (a, b) => a.name.localeCompare(b.name, undefined, { numeric: true });
+    return {
+      present: up.length > 0,
+      daemons,
+      partitions: Array.from(partitions.values()).sort(byName),
+      nodes: nodes.map((r) => ({ name: r.labels.node || '?', state: r.labels.state || '?', reason: r.labels.reason || '' }))
+        .sort(byName),
+      accounts: hours.map((r) => ({ name: r.labels.account || '?', hours: r.value }))
+        .sort((a, b) => (b.hours || 0) - (a.hours || 0) || a.name.localeCompare(b.name)),
+      windowSeconds: windowSeconds.length ? windowSeconds[0].value : null,
+    };
+  }
+
+  const SLURM_NODE_KIND = {
+    idle: 'ok', mixed: 'info', allocated: 'info', completing: 'info',
+    drained: 'warn', draining: 'warn', down: 'bad', error: 'bad', unknown: 'off', future: 'off',
+  };
+
+  function slurmTable(cls, headings, numeric) {
+    return h('table', { class: 'stages slurm-table ' + cls },
+      h('thead', null, h('tr', null, headings.map((t, i) => h('th', { class: numeric.includes(i) ? 'num' : null, text: t })))),
+      h('tbody'));
+  }
+
+  function slurmBlock(list, cls, title, table) {
+    let block = list.querySelector('.' + cls);
+    if (!block) {
+      block = h('div', { class: 'slurm-block ' + cls }, h('h3', { text: title }), h('p', { class: 'note muted', hidden: true }), table);
+      list.appendChild(block);
+    }
+    return block;
+  }
+
+  function makeQueueRow() {
+    return h('tr', null, h('td', { class: 'stage-name slurm-partition' }), h('td', { class: 'num slurm-running' }),
+      h('td', { class: 'num slurm-pending' }), h('td', { class: 'slurm-reasons' }), h('td', { class: 'num slurm-oldest' }),
+      h('td', { class: 'num slurm-gpus' }));
+  }
+
+  function updateQueueRow(row, p) {
+    row.dataset.partition = p.name;
+    setText(row.querySelector('.slurm-partition'), p.name || '–');
+    setText(row.querySelector('.slurm-running'), String(p.running));
+    setText(row.querySelector('.slurm-pending'), String(p.pending));
+    setText(row.querySelector('.slurm-reasons'), Array.from(p.reasons, ([reason, n]) => reason + ' ' + n).join(', ') || '–');
+    setText(row.querySelector('.slurm-oldest'), p.pending ? fmtDuration(p.oldest) : '–');
+    setText(row.querySelector('.slurm-gpus'), isNum(p.gpus) ? fmtNum(p.gpusAlloc || 0, 0) + ' / ' + fmtNum(p.gpus, 0) : '–');
+  }
+
+  function makeNodeRow() {
+    return h('tr', null, h('td', { class: 'stage-name slurm-node' }), h('td', null, h('span', { class: 'badge slurm-state' })),
+      h('td', { class: 'slurm-reason' }));
+  }
+
+  function updateNodeRow(row, n) {
+    row.dataset.node = n.name;
+    row.dataset.state = n.state;
+    setText(row.querySelector('.slurm-node'), n.name);
+    setBadge(row.querySelector('.slurm-state'), n.state, SLURM_NODE_KIND[n.state] || 'off');
+    setText(row.querySelector('.slurm-reason'), n.reason || '');
+  }
+
+  function makeAccountRow() {
+    return h('tr', null, h('td', { class: 'stage-name slurm-account' }), h('td', { class: 'num slurm-hours' }));
+  }
+
+  function updateAccountRow(row, a) {
+    row.dataset.account = a.name;
+    setText(row.querySelector('.slurm-account'), a.name);
+    setText(row.querySelector('.slurm-hours'), fmtNum(a.hours, 1));
+  }
+
+  function renderSlurm(model) {
+    const section = document.getElementById('sec-slurm');
+    section.hidden = !model.present;
+    if (!model.present) return {};
+    const parts = sectionParts('sec-slurm');
+    let daemons = section.querySelector('.slurm-daemons');
+    if (!daemons) {
+      daemons = h('span', { class: 'slurm-daemons' },
+        h('span', { class: 'badge slurm-daemon', dataset: { daemon: 'slurmctld' } }),
+        h('span', { class: 'badge slurm-daemon', dataset: { daemon: 'slurmdbd' } }));
+      section.querySelector('h2').appendChild(daemons);
+    }
+    for (const badgeNode of daemons.children) {
+      const name = badgeNode.dataset.daemon;
+      const value = model.daemons[name];
+      setBadge(badgeNode, name + (value === 1 ? ' up' : value === 0 ? ' down' : ' ?'), value === 1 ? 'ok' : value === 0 ? 'bad' : 'off');
+    }
+    setNote(parts, model.daemons.slurmctld === 0 ? 'slurmctld does not answer: queue and nodes unknown' : '', 'muted');
+
+    const queue = slurmBlock(parts.list, 'slurm-queue', 'Queue',
+      slurmTable('', ['Partition', 'Running', 'Pending', 'Pending reasons', 'Oldest pending', 'GPUs used'], [1, 2, 4, 5]));
+    syncKeyed(queue.querySelector('tbody'), model.partitions, (p) => p.name, makeQueueRow, updateQueueRow);
+    const nodes = slurmBlock(parts.list, 'slurm-nodes', 'Nodes', slurmTable('', ['Node', 'State', 'Reason'], []));
+    syncKeyed(nodes.querySelector('tbody'), model.nodes, (n) => n.name, makeNodeRow, updateNodeRow);
+    const days = isNum(model.windowSeconds) ? Math.round(model.windowSeconds / 86400) : null;
+    const accounts = slurmBlock(parts.list, 'slurm-accounts', 'GPU-hours per account',
+      slurmTable('', ['Account', 'GPU-hours'], [1]));
+    setText(accounts.querySelector('h3'), 'GPU-hours per account' + (days ? ' · last ' + days + ' d' : ''));
+    syncKeyed(accounts.querySelector('tbody'), model.accounts, (a) => a.name, makeAccountRow, updateAccountRow);
+    const noAccounts = accounts.querySelector('.note');
+    noAccounts.hidden = model.accounts.length > 0;
+    setText(noAccounts, model.daemons.slurmdbd === 0 ? 'slurmdbd does not answer' : 'No GPU job in the window');
+
+    const pending = model.partitions.reduce((n, p) => n + p.pending, 0);
+    const running = model.partitions.reduce((n, p) => n + p.running, 0);
+    const out = model.nodes.filter((n) => ['drained', 'draining', 'down', 'error'].includes(n.state)).length;
+    return { slurmRunning: running, slurmPending: pending, slurmNodesOut: out,
+      slurmDown: model.daemons.slurmctld === 0 || model.daemons.slurmdbd === 0 };
+  }
+
   // ------------------------------------------------------------------ refresh loop
 
   const SECTIONS = [
@@ -981,6 +1136,7 @@
     { id: 'sec-vms', load: loadVms, render: renderVms },
     { id: 'sec-gpus', load: loadGpus, render: renderGpus },
     { id: 'sec-stages', load: loadStages, render: renderStages },
+    { id: 'sec-slurm', load: loadSlurm, render: renderSlurm },
   ];
 
   function setSectionError(id, message) {
@@ -1074,6 +1230,11 @@
     if ('gpus' in s) chip(plural(s.gpus, 'GPU') + (s.gpuXid ? ', ' + s.gpuXid + ' with XID' : ''), s.gpuXid ? 'bad' : 'neutral');
     if ('alerts' in s) chip(plural(s.alerts, 'alert') + ' firing', s.alerts ? 'bad' : 'ok');
     if ('stages' in s) chip(s.stagesFailed + '/' + s.stages + ' stages failed', s.stagesFailed ? 'bad' : 'ok');
+    if ('slurmRunning' in s) {
+      chip('Slurm: ' + s.slurmRunning + ' running, ' + s.slurmPending + ' pending'
+        + (s.slurmNodesOut ? ', ' + plural(s.slurmNodesOut, 'node') + ' out' : '') + (s.slurmDown ? ', a daemon down' : ''),
+        s.slurmDown ? 'bad' : s.slurmNodesOut ? 'warn' : 'neutral');
+    }
     line.replaceChildren(...chips);
   }
 
