@@ -158,3 +158,55 @@ def test_a_bad_cost_input_fails_before_the_train_naming_the_variable(tmp_path, v
 def test_an_unknown_gpu_model_without_power_fails_naming_the_power_variable(tmp_path):
     proc, failed = gpu_check(tmp_path, dict(smi_options(SHARED_CAPTURE), pipeline_cost_gpu_model="RTX 4090"))
     assert proc.returncode != 0 and "option pipeline_cost_gpu_power_w" in failed[0][1], failed
+
+
+# --------------------------------------------------------------------------- the cost of a run
+
+def cost_play(tmp_path: Path, extra_vars: dict, changed: bool = True):
+    """gpu_health.yml, then a train result standing in for the stage's (30 minutes), then cost.yml."""
+    play = tmp_path / "cost.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "train's cost", "hosts": "localhost", "gather_facts": False,
+        "tasks": [
+            {"name": "the role's GPU check", "ansible.builtin.include_role": {
+                "name": "mlinfra.kvm.pipeline", "tasks_from": "gpu_health"}},
+            {"name": "a train result", "ansible.builtin.set_fact": {
+                "pipeline_train_result": {"changed": changed, "duration": 1800.0}}},
+            {"name": "the role's cost", "ansible.builtin.include_role": {
+                "name": "mlinfra.kvm.pipeline", "tasks_from": "cost"}},
+        ],
+    }], sort_keys=False))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"mlinfra_worker": {"hosts": {
+        "localhost": {"ansible_connection": "local"}}}}}}))
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps(extra_vars))
+    proc = run_playbook(play, "-i", str(inventory), "-e", "@%s" % extra)
+    return proc, failures(proc)
+
+
+def test_the_train_report_has_its_cost_line(tmp_path):
+    """One H200 for 30 minutes, no energy counter in nvidia-smi's XML: 0.5 GPU-hours at the board's
+    700 W = 0.35 kWh; x PUE 1.58 x 0.15 = 0.083; hardware 10000 / (3 * 8760 * 0.5) * 0.5 = 0.381;
+    no cloud rate for H200 among the defaults (only the seed's A100)."""
+    proc, failed = cost_play(tmp_path, smi_options(SHARED_CAPTURE))
+    assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:])
+    assert ("cost: 0.500 GPU-hours (1 x H200), 0.350 kWh (board power 700 W of H200 (NVIDIA datasheet maximum) x time), "
+            "PUE 1.58: on premise 0.46 USD (hardware 0.38 at 50% utilisation + energy 0.08); no cloud rate declared for H200"
+            ) in proc.stdout, proc.stdout[-3000:]
+
+
+def test_the_cost_line_with_a_declared_cloud_rate_and_power(tmp_path):
+    """500 W for 0.5 GPU-hours = 0.25 kWh; energy per GPU-hour 0.5 * 1.58 * 0.15 = 0.1185; cloud
+    0.5 * 4 = 2.00; break-even 10000 / (26280 * (4 - 0.1185)) = 9.8 %."""
+    extra = dict(smi_options(SHARED_CAPTURE), pipeline_cost_cloud_rates={"H200": 4.0}, pipeline_cost_gpu_power_w=500)
+    proc, failed = cost_play(tmp_path, extra)
+    assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:])
+    assert "0.250 kWh (declared power 500 W x time)" in proc.stdout
+    assert "cloud 2.00 USD at 4 USD/GPU-hour; on premise is cheaper above 9.8% utilisation" in proc.stdout
+
+
+def test_a_skipped_train_has_nothing_to_price(tmp_path):
+    proc, failed = cost_play(tmp_path, smi_options(SHARED_CAPTURE), changed=False)
+    assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:])
+    assert "cost: the train did not run, nothing to price" in proc.stdout
