@@ -162,7 +162,7 @@ def test_an_unknown_gpu_model_without_power_fails_naming_the_power_variable(tmp_
 
 # --------------------------------------------------------------------------- the cost of a run
 
-def cost_play(tmp_path: Path, extra_vars: dict, changed: bool = True):
+def cost_play(tmp_path: Path, extra_vars: dict, changed: bool = True, run_id: str = ""):
     """gpu_health.yml, then a train result standing in for the stage's (30 minutes), then cost.yml."""
     play = tmp_path / "cost.yml"
     play.write_text(yaml.safe_dump([{
@@ -171,7 +171,7 @@ def cost_play(tmp_path: Path, extra_vars: dict, changed: bool = True):
             {"name": "the role's GPU check", "ansible.builtin.include_role": {
                 "name": "mlinfra.kvm.pipeline", "tasks_from": "gpu_health"}},
             {"name": "a train result", "ansible.builtin.set_fact": {
-                "pipeline_train_result": {"changed": changed, "duration": 1800.0}}},
+                "pipeline_train_result": {"changed": changed, "duration": 1800.0, "mlflow_run_id": run_id}}},
             {"name": "the role's cost", "ansible.builtin.include_role": {
                 "name": "mlinfra.kvm.pipeline", "tasks_from": "cost"}},
         ],
@@ -210,3 +210,41 @@ def test_a_skipped_train_has_nothing_to_price(tmp_path):
     proc, failed = cost_play(tmp_path, smi_options(SHARED_CAPTURE), changed=False)
     assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:])
     assert "cost: the train did not run, nothing to price" in proc.stdout
+
+
+def test_the_cost_lands_on_the_train_s_mlflow_run(tmp_path):
+    """A stand-in tracking server records the log-batch call (the REST API ml_stage uses too)."""
+    import http.server
+    import threading
+
+    calls = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            calls.append((self.path, json.loads(body)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        extra = dict(smi_options(SHARED_CAPTURE), pipeline_mlflow_tracking_uri="http://127.0.0.1:%d/" % server.server_port)
+        proc, failed = cost_play(tmp_path, extra, run_id="0123abcd")
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:])
+    ((path, body),) = calls
+    assert path == "/api/2.0/mlflow/runs/log-batch" and body["run_id"] == "0123abcd"
+    metrics = {m["key"]: m["value"] for m in body["metrics"]}
+    # the worked example of test_the_train_report_has_its_cost_line; no cloud rate: no cloud metrics
+    assert metrics == pytest.approx({"mlinfra.cost.gpu_hours": 0.5, "mlinfra.cost.energy_kwh": 0.35,
+                                     "mlinfra.cost.on_premise": 10000 / 26280 + 0.35 * 1.58 * 0.15})
+    assert all(isinstance(m["timestamp"], int) and m["step"] == 0 for m in body["metrics"])
+    tags = {t["key"]: t["value"] for t in body["tags"]}
+    assert tags["mlinfra.cost.energy_source"].startswith("board power 700 W") and tags["mlinfra.cost.currency"] == "USD"
