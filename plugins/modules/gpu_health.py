@@ -21,7 +21,7 @@ version_added: 0.5.0
 description:
   - Reads each GPU through NVML (the C(pynvml) module of C(nvidia-ml-py)) when it imports and
     initialises, otherwise through C(nvidia-smi -q -x), and the XID errors the NVIDIA driver
-    logged in the kernel log (C(NVRM: Xid) lines, from C(dmesg) or the journal).
+    logged in the kernel log (its C(NVRM Xid) lines, from C(dmesg) or the journal).
   - Judges each GPU C(healthy), C(degraded) or C(unhealthy), with the reasons and what to do
     about each, from volatile and aggregate ECC errors (single- and double-bit), pending page
     retirements, row remapping (pending, failed), the PCIe link generation and width against the
@@ -266,7 +266,7 @@ def read_kernel_log(module: AnsibleModule) -> tuple:
 
 def describe(gpu: dict) -> str:
     return "GPU %s %s (%s, %s): %s" % (gpu.get("index"), gpu.get("name") or "unknown", gpu.get("uuid") or "no UUID",
-                                        gpu.get("pci_bus_id") or "no PCI address", gpu["summary"])
+                                       gpu.get("pci_bus_id") or "no PCI address", gpu["summary"])
 
 
 def judge_read_errors(gpus: list) -> list:

@@ -241,7 +241,7 @@ NVLINK_COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data",
 
 def _nvml_nvlink(query: Any, nvml: Any) -> Optional[Dict[str, int]]:
     """Error counters summed over the active links; None where the GPU has no NVLink."""
-    totals = {name: 0 for name, _ in NVLINK_COUNTERS}
+    totals = {name: 0 for name, _counter in NVLINK_COUNTERS}
     active = 0
     for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
         if not query("nvmlDeviceGetNvLinkState", link):

@@ -740,6 +740,7 @@ DCGM_METRICS: tuple[MetricSpec, ...] = (
 
 HEALTH_PROBLEM_METRIC = "mlinfra_gpu_health_problem"
 
+
 def _health_value(gpu: GpuRecord, key: str) -> Optional[Number]:
     value = gpu.health.get(key) if gpu.health is not None else None
     return int(value) if isinstance(value, bool) else value

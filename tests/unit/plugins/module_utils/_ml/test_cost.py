@@ -38,13 +38,14 @@ def test_the_seed_case_one_gpu_hour():
 
 
 def test_seven_times_cheaper_needs_about_89_percent_utilisation_not_50():
-    hardware_only = dict(SEED, electricity_price=1e-12)  # the seed's claim counts no electricity
+    hardware_only = {**SEED, "electricity_price": 1e-12}  # the seed's claim counts no electricity
     at_half = run_cost(3600, 1, **hardware_only)["cloud_to_on_premise"]
     assert at_half == pytest.approx(3 * 13140 / 10000, rel=1e-6)   # 3.94
     assert at_half < 7
     u = 10000 * 7 / (26280 * 3)                                    # 0.888
-    assert run_cost(3600, 1, **dict(hardware_only, utilisation=u))["cloud_to_on_premise"] == pytest.approx(7, rel=1e-6)
-    assert run_cost(3600, 1, **dict(hardware_only, utilisation=1))["cloud_to_on_premise"] == pytest.approx(7.884, rel=1e-3)
+    at_u, at_full = {**hardware_only, "utilisation": u}, {**hardware_only, "utilisation": 1}
+    assert run_cost(3600, 1, **at_u)["cloud_to_on_premise"] == pytest.approx(7, rel=1e-6)
+    assert run_cost(3600, 1, **at_full)["cloud_to_on_premise"] == pytest.approx(7.884, rel=1e-3)
 
 
 def test_a_two_worker_h200_run_with_measured_energy():
@@ -91,11 +92,19 @@ def test_a_cloud_rate_below_the_electricity_never_breaks_even():
 ])
 def test_bad_input_names_the_variable(change, variable):
     with pytest.raises(InvalidInputError) as caught:
-        run_cost(3600, 1, **dict(SEED, **change))
+        args = {**SEED, **change}
+        run_cost(3600, 1, **args)
     assert caught.value.details["option"] == variable
     assert caught.value.msg.startswith("option %s: value" % variable)
 
 
 def test_an_unknown_model_with_declared_power_is_fine():
-    r = run_cost(3600, 1, **dict(SEED, gpu_model="RTX 4090", power_w=450, cloud_rates={"RTX 4090": 0.7}))
+    args = {**SEED, "gpu_model": "RTX 4090", "power_w": 450, "cloud_rates": {"RTX 4090": 0.7}}
+    r = run_cost(3600, 1, **args)
     assert r["gpu_model"] == "RTX 4090" and r["energy_kwh"] == pytest.approx(0.45) and r["cloud_cost"] == pytest.approx(0.7)
+
+
+def test_a_run_without_gpu_costs_no_gpu_time_and_needs_no_power():
+    r = run_cost(600, 0, None, **{k: v for k, v in SEED.items() if k != "gpu_model"})
+    assert r["gpu_hours"] == 0 and r["energy_kwh"] == 0 and r["energy_source"] == "no GPU"
+    assert r["on_premise_cost"] == 0 and r["cloud_cost"] is None
