@@ -248,3 +248,11 @@ def test_the_cost_lands_on_the_train_s_mlflow_run(tmp_path):
     assert all(isinstance(m["timestamp"], int) and m["step"] == 0 for m in body["metrics"])
     tags = {t["key"]: t["value"] for t in body["tags"]}
     assert tags["mlinfra.cost.energy_source"].startswith("board power 700 W") and tags["mlinfra.cost.currency"] == "USD"
+
+
+def test_a_worker_without_gpu_gets_a_cost_line_that_says_so(tmp_path):
+    """The lab's TCG workers: no nvidia-smi, so no GPU; the GPU check passes and the cost says why it is empty."""
+    options = {"pipeline_gpu_health_options": {"source": "nvidia-smi", "nvidia_smi": str(tmp_path / "no-nvidia-smi")}}
+    proc, failed = cost_play(tmp_path, options)
+    assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:])
+    assert "cost: no GPU on the workers (a CPU-only run of 1800 s): no GPU time to price" in proc.stdout

@@ -106,6 +106,8 @@ def run_cost(duration_s: Any, gpus: Any, gpu_model: Optional[str] = None, *, pow
     if energy_j not in (None, ""):
         energy_kwh = _number("energy_j", energy_j, allow_zero=True) / JOULES_PER_KWH
         energy_source = "measured (NVML total-energy counter, delta over the run)"
+    elif count == 0:
+        energy_kwh, energy_source = 0.0, "no GPU"
     elif power is not None:
         energy_kwh = power * gpu_hours / 1000.0
         energy_source = ("declared power %g W x time" % power if declared is not None
@@ -154,6 +156,8 @@ def run_cost(duration_s: Any, gpus: Any, gpu_model: Optional[str] = None, *, pow
 
 def cost_line(r: Mapping[str, Any]) -> str:
     cur = r["currency"]
+    if not r["gpus"]:
+        return "cost: no GPU on the workers (a CPU-only run of %.0f s): no GPU time to price" % r["duration_s"]
     text = "cost: %.3f GPU-hours (%g x %s), %.3f kWh (%s), PUE %g: on premise %.2f %s (hardware %.2f at %.0f%% " \
            "utilisation + energy %.2f)" % (
                r["gpu_hours"], r["gpus"], r["gpu_model"] or "GPU", r["energy_kwh"], r["energy_source"], r["pue"],

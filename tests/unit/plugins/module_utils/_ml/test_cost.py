@@ -108,3 +108,4 @@ def test_a_run_without_gpu_costs_no_gpu_time_and_needs_no_power():
     r = run_cost(600, 0, None, **{k: v for k, v in SEED.items() if k != "gpu_model"})
     assert r["gpu_hours"] == 0 and r["energy_kwh"] == 0 and r["energy_source"] == "no GPU"
     assert r["on_premise_cost"] == 0 and r["cloud_cost"] is None
+    assert r["line"] == "cost: no GPU on the workers (a CPU-only run of 600 s): no GPU time to price"
