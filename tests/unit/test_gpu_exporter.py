@@ -734,6 +734,42 @@ def nvmlDeviceGetRemappedRows(handle):
     return (0, 0, 0, 0)
 
 
+def nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type):
+    return STATE.get("ecc", {}).get((error_type, counter_type), 0)
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(handle):
+    raise NVMLError(3)  # Hopper: N/A (row remapping replaced page retirement), as in the capture
+
+
+def nvmlDeviceGetCurrPcieLinkGeneration(handle):
+    return 5
+
+
+def nvmlDeviceGetMaxPcieLinkGeneration(handle):
+    return 5
+
+
+def nvmlDeviceGetCurrPcieLinkWidth(handle):
+    return STATE.get("width", 16)
+
+
+def nvmlDeviceGetMaxPcieLinkWidth(handle):
+    return 16
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle):
+    return STATE.get("reasons", 0)
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle):
+    return 700000  # mW
+
+
+def nvmlDeviceGetNvLinkState(handle, link):
+    raise NVMLError(3)  # a PCIe H200: no NVLink
+
+
 def nvmlDeviceGetMigMode(handle):
     mode = NVML_DEVICE_MIG_ENABLE if STATE["mig"] else 0
     return [mode, mode]
@@ -983,3 +1019,35 @@ def test_the_alert_tests_feed_promtool_what_the_exporter_publishes(tmp_path, cap
     for labels, _value in problems:
         wanted = 'detail="%s",what_to_do="%s"' % (labels["detail"], labels["what_to_do"])
         assert any(wanted in series for series in fed), wanted
+
+
+
+HEALTH_COMPARED = ("ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate",
+                   "retired_pages_pending", "row_remap_pending", "row_remap_failure", "pcie_gen_current",
+                   "pcie_gen_max", "pcie_width_current", "pcie_width_max", "power_limit_w", "nvlink", "gpu_temp")
+
+
+def test_nvml_and_nvidia_smi_give_the_same_health_reading(gx, capture, fake_nvml):
+    if gx.HEALTH is None:
+        pytest.skip("the health rules did not load: %s" % gx.HEALTH_MISSING)
+    (from_nvml,) = gx.read_nvml(fake_nvml).gpus
+    (from_smi,) = gx.parse_nvidia_smi_xml(capture.encode())
+    assert from_nvml.health["source"] == "nvml" and from_smi.health["source"] == "nvidia-smi"
+    assert {k: from_nvml.health[k] for k in HEALTH_COMPARED} == {k: from_smi.health[k] for k in HEALTH_COMPARED}
+    assert gx.HEALTH.throttle_mask(from_nvml.health["throttle"]) == gx.HEALTH.throttle_mask(from_smi.health["throttle"]) == 0
+    assert gx.HEALTH.judge(from_nvml.health)["verdict"] == "healthy"
+
+
+def test_nvml_faults_reach_the_verdict(gx, fake_nvml):
+    """The dbe.xml / pcie-x8.xml / thermal-throttle.xml faults, as NVML reports them."""
+    if gx.HEALTH is None:
+        pytest.skip("the health rules did not load: %s" % gx.HEALTH_MISSING)
+    fake_nvml.STATE.update(ecc={(1, 0): 2, (1, 1): 2}, width=8, reasons=0x40)
+    try:
+        (gpu,) = gx.read_nvml(fake_nvml).gpus
+    finally:
+        for key in ("ecc", "width", "reasons"):
+            fake_nvml.STATE.pop(key, None)
+    judged = gx.HEALTH.judge(gpu.health)
+    assert judged["verdict"] == "unhealthy"
+    assert sorted(r["check"] for r in judged["reasons"]) == ["ecc", "pcie", "throttle"]
