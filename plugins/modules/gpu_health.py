@@ -29,6 +29,8 @@ description:
     and power against their limits, NVLink error counters where the GPU has links, the driver's
     recovery action, and the XIDs, classified by NVIDIA's XID catalogue (an application fault
     such as XID 13 leaves the GPU healthy with a note; XID 48, 79, 95, 119 make it unhealthy).
+  - The kernel log holds the XIDs since boot. After a GPU reset that cleared the cause, an XID
+    logged before it still counts until the machine reboots; O(kernel_log=none) judges without them.
   - Without a visible GPU (a guest with no GPU, no driver, no nvidia-smi) it does not fail and
     returns RV(gpus=[]) with a message saying there is nothing to judge.
   - Never changes anything; runs the same in check mode.
