@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 import yaml
@@ -93,14 +93,14 @@ def inventory(tmp: Path, **extra_vars: object) -> Path:
     return path
 
 
-def playbook(tmp: Path) -> Path:
+def playbook(tmp: Path, partition: Optional[Dict[str, object]] = None) -> Path:
     path = tmp / "slurm.yml"
     path.write_text(yaml.safe_dump([
         {"name": "Slurm controller", "hosts": "slurm_controller", "gather_facts": False,
          "roles": [{"role": "mlinfra.kvm.slurm_controller", "vars": {
              "slurm_controller_cluster_name": CLUSTER, "slurm_controller_address": "127.0.0.1",
              "slurm_controller_host": socket.gethostname().split(".")[0],
-             "slurm_controller_partitions": [{"name": "ci", "default": True}],
+             "slurm_controller_partitions": [partition or {"name": "ci", "default": True}],
              "slurm_controller_qos": [{"name": "ci-short", "max_wall": "02:00:00", "priority": 5}],
              "slurm_controller_accounts": [{"name": "ci", "description": "CI jobs", "qos": ["normal", "ci-short"]}],
              "slurm_controller_users": [{"name": "root", "accounts": ["ci"]}]}}]},
@@ -199,3 +199,21 @@ def test_node_offering_less_than_declared_is_drained_and_said(host_daemons: None
     while "DRAIN" in slurm("scontrol", "show", "node", "-o").stdout and time.monotonic() < deadline:
         time.sleep(1)
     assert "DRAIN" not in slurm("scontrol", "show", "node", "-o").stdout
+
+
+def test_a_partition_change_reconfigures_without_a_restart(host_daemons: None, tmp_path: Path) -> None:
+    """A new time limit is a change slurmctld takes with `scontrol reconfigure`: the handler that
+    runs is the reconfigure, slurmctld keeps its process, and the partition has the limit."""
+    if not by_pidfile("slurmctld"):
+        pytest.skip("needs the cluster the four-ways test set up")
+    pid = Path(PIDFILES["slurmctld"]).read_text().strip()
+    inv = inventory(tmp_path)
+    proc = ansible_playbook(inv, playbook(tmp_path, {"name": "ci", "default": True, "max_time": "01:00:00"}))
+    assert proc.returncode == 0, failed_tasks(proc)
+    done = changed_tasks(proc)
+    assert "mlinfra.kvm.slurm_controller : Reconfigure slurmctld (scontrol reconfigure)" in done, done
+    assert not [t for t in done if "Restart" in t or "Start" in t], done
+    assert Path(PIDFILES["slurmctld"]).read_text().strip() == pid
+    assert "MaxTime=01:00:00" in slurm("scontrol", "show", "partition", "ci", "-o").stdout
+    back = ansible_playbook(inv, playbook(tmp_path))
+    assert back.returncode == 0 and "MaxTime=UNLIMITED" in slurm("scontrol", "show", "partition", "ci", "-o").stdout
