@@ -7,7 +7,8 @@ from __future__ import annotations
 import traceback
 from typing import Any, Callable, Dict, Type
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule, _load_params
+from ansible.module_utils.common.validation import check_type_dict, check_type_list
 
 from ._errors import KvmError, error_of, fail_from_error, is_libvirt_error
 
@@ -21,15 +22,47 @@ def new_module(module_class: Type[AnsibleModule], **kwargs: Any) -> AnsibleModul
     suboptions reports the value the way ansible-core reports any other wrong type, naming the
     option. The class is passed in so that the module file's own name is the one called.
     """
+    # A scalar where a list of mappings is wanted does not raise: ansible-core fails with "dictionary
+    # requested, could not parse JSON or key=value", naming no option. The given parameters are
+    # read first (ansible-core caches them), so such a value is refused the same way as above.
+    given = None
+    if isinstance(module_class, type) and issubclass(module_class, AnsibleModule):  # not a test's stand-in
+        given = _unparsable_list_element(kwargs.get("argument_spec") or {}, _load_params())
     try:
+        if given:
+            raise TypeError(given)
         return module_class(**kwargs)
     except TypeError:
         plain = module_class(**dict(kwargs, argument_spec=_without_suboptions(kwargs.get("argument_spec") or {})))
-        where = _first_non_mapping(kwargs.get("argument_spec") or {}, plain.params) or ("an option with suboptions", None)
+        where = given or _first_non_mapping(kwargs.get("argument_spec") or {}, plain.params) \
+            or ("an option with suboptions", None)
         plain.fail_json(msg="option %s: value %r is not a mapping, and this option takes suboptions; give it as a "
                         "YAML mapping (a list of mappings where the option is a list)" % where,
                         exception=traceback.format_exc())
         raise  # fail_json exits; this line is never reached
+
+
+def _unparsable_list_element(spec: Dict[str, Any], params: Any) -> Any:
+    """(option[index], value) of the first element of a top-level list of mappings that
+    ansible-core cannot make a mapping of (its own error names no option); None when all can."""
+    if not isinstance(params, dict):
+        return None
+    for name, entry in spec.items():
+        value = params.get(name)
+        if value is None or entry.get("type") != "list" or entry.get("elements") != "dict" or not entry.get("options"):
+            continue
+        try:
+            items = check_type_list(value)
+        except TypeError:
+            continue  # ansible-core names the option itself
+        for index, item in enumerate(items):
+            if isinstance(item, dict):
+                continue
+            try:
+                check_type_dict(item)
+            except TypeError:
+                return ("%s[%d]" % (name, index), item)
+    return None
 
 
 def _first_non_mapping(spec: Dict[str, Any], params: Any, prefix: str = "") -> Any:

@@ -76,6 +76,9 @@ class SlurmAccountsRunner(ObjectRunner):
 
     # -- input on its face ------------------------------------------------------------------
     def validate(self) -> None:
+        if self.p["command_timeout"] < 1:
+            raise InvalidInputError("command_timeout", self.p["command_timeout"], "is below one second",
+                                    "give the seconds each sacctmgr call may take (default 30)")
         for kind in ("qos", "accounts", "users"):
             seen = set()
             for i, item in enumerate(self.p[kind]):

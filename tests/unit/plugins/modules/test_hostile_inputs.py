@@ -144,6 +144,11 @@ BASE: Dict[str, Dict[str, Any]] = {
     "pools": {"uri": TEST_URI, "config": [{"name": "mlkvmtest-hostile", "target": Tmp("pool")}],
               "scope": {"name_prefix": "mlkvmtest-"}},
     "snapshot": {"uri": TEST_URI, "domain": "test", "name": "s1", "description": "before"},
+    # No slurmdbd here: every request that passes the input checks ends in the same "did not answer".
+    "slurm_accounts": {"cluster": "lab", "conf": Tmp("slurm.conf"), "command_timeout": 5,
+                       "qos": [{"name": "small", "max_gpus": 1, "max_wall": "60", "priority": 1}],
+                       "accounts": [{"name": "team-a", "description": "A", "qos": ["small"]}],
+                       "users": [{"name": "alice", "accounts": ["team-a"]}]},
     "snapshot_info": {"uri": TEST_URI, "domain": "test"},
     "vfio_pci": dict(roots("sysfs_root", "proc_root", "etc_root"), devices=[GPU, GPU_AUDIO], initramfs="none",
                      modprobe_command=["/bin/true"], bind_timeout=5),

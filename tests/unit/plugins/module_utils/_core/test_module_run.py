@@ -70,6 +70,10 @@ def test_a_raw_libvirt_error_is_libvirt_s_message_not_a_bug_report():
     ("domain", {"name": "x", "uri": "test:///default", "numa_tuning": 7}, "numa_tuning"),
     ("nvidia_device_plugin_config", {"sharing": {"time_slicing": 7}}, "sharing.time_slicing"),
     ("domain", {"name": "x", "uri": "test:///default", "disks": [3]}, "disks"),
+    # ansible-core fails these itself, but with "dictionary requested, could not parse JSON or
+    # key=value", naming no option.
+    ("pools", {"uri": "test:///default", "config": "text"}, "option config[0]: value 'text' is not a mapping"),
+    ("slurm_accounts", {"cluster": "lab", "accounts": ["ok-name", {"name": "x"}]}, "option accounts[0]:"),
 ])
 def test_a_scalar_for_an_option_with_suboptions_is_refused_naming_it(module, args, named):
     """ansible-core's own validation raises a bare TypeError here; new_module turns it into a
