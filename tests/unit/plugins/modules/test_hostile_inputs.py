@@ -145,7 +145,7 @@ BASE: Dict[str, Dict[str, Any]] = {
               "scope": {"name_prefix": "mlkvmtest-"}},
     "snapshot": {"uri": TEST_URI, "domain": "test", "name": "s1", "description": "before"},
     # No slurmdbd here: every request that passes the input checks ends in the same "did not answer".
-    "slurm_accounts": {"cluster": "lab", "conf": Tmp("slurm.conf"), "command_timeout": 5,
+    "slurm_accounts": {"cluster": "lab", "conf": Tmp("slurm.conf"), "command_timeout": 2,
                        "qos": [{"name": "small", "max_gpus": 1, "max_wall": "60", "priority": 1}],
                        "accounts": [{"name": "team-a", "description": "A", "qos": ["small"]}],
                        "users": [{"name": "alice", "accounts": ["team-a"]}]},

@@ -86,6 +86,8 @@ CANNOT_RUN_HERE: Dict[Tuple[str, str], Tuple[str, str]] = {
                        "unsupported flags"),
     ("pools", "check"): ("test:///default refuses the inactive-XML flag pools reads with", "unsupported flags"),
     ("pools", "real"): ("test:///default refuses the inactive-XML flag pools reads with", "unsupported flags"),
+    ("slurm_accounts", "check"): ("needs slurmdbd (tests/integration/test_slurm_accounts.py starts one)", "did not answer"),
+    ("slurm_accounts", "real"): ("needs slurmdbd (tests/integration/test_slurm_accounts.py starts one)", "did not answer"),
     ("snapshot", "check"): ("test:///default's domain has a disk of unknown format, which cannot hold "
                             "an internal snapshot", "cannot hold an internal snapshot"),
     ("snapshot", "real"): ("test:///default's domain has a disk of unknown format, which cannot hold "
