@@ -51,6 +51,8 @@ def declaration(cluster: Cluster, **over: Any) -> Dict[str, Any]:
 def test_declared_accounts_four_ways_then_changed_then_removed(cluster: Cluster) -> None:
     results = four_ways("slurm_accounts", declaration(cluster))
     assert results["check"]["actions"] == results["apply"]["actions"]
+    for result in results.values():  # RETURN, both ways (the unit tier has no slurmdbd to run against)
+        assert set(result) - {"changed", "failed", "invocation", "diff"} == {"actions", "cluster"}, result
     assert results["apply"]["actions"][0] == "add qos vis-gpus"
     assert ["vis-gpus", "gres/gpu=2", "1-00:00:00", "10"] in show(cluster, "qos", "format=Name,GrpTRES,MaxWall,Priority")
     assert ("vision", "", "root", "normal,vis-gpus") in assocs(cluster)
@@ -127,5 +129,6 @@ def test_slurmdbd_not_answering_is_named(cluster: Cluster, tmp_path: Path) -> No
     result = run_module_process("slurm_accounts", {"cluster": cluster.cluster_name, "conf": str(bad),
                                                    "accounts": [{"name": "never"}]})
     assert result["failed"] and result["changed"] is False, result
-    assert "slurmdbd at 127.0.0.1 port 1 did not answer" in result["msg"], result["msg"]
+    host = re.search(r"(?m)^AccountingStorageHost=(\S+)", conf).group(1)
+    assert "slurmdbd at %s port 1 did not answer" % host in result["msg"], result["msg"]
     assert "never" not in [r[0] for r in show(cluster, "account", "format=Account")]
