@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from .._core._command import run_bounded
+from .._core._command import CommandTimeoutError, run_bounded
 from .._core._errors import KvmError
 
 
@@ -70,7 +70,11 @@ class SlurmCli:
     # -- the controller ---------------------------------------------------------------------
     def ping(self) -> None:
         """Raise ControllerUnreachableError naming the controller and port when it is down."""
-        rc, out, err = self.run(["scontrol", "ping"], check=False)
+        try:
+            rc, out, err = self.run(["scontrol", "ping"], check=False)
+        except CommandTimeoutError:
+            # scontrol retries an address that drops its packets until the bound kills it.
+            rc, out, err = 1, "", "no answer within %g s" % self.timeout_s
         if rc != 0 or " is UP" not in out:
             where = self.controller_address()
             said = ((out or err).strip() or "no answer").splitlines()[0]

@@ -20,13 +20,14 @@ enough nodes and GPUs in total (a job that can never start is refused, not left 
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .._core._errors import InvalidInputError, KvmError
 from .._core._runner import ObjectRunner
-from ._cli import SlurmCli
+from ._cli import DEFAULT_CONF, SlurmCli
 
 ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -79,6 +80,10 @@ class SlurmJobRunner(ObjectRunner):
             raise InvalidInputError("nodelist", self.p["nodelist"], "names %d nodes for a job of nodes=%d"
                                     % (len(self.p["nodelist"]), self.p["nodes"]),
                                     "list exactly the nodes the job runs on, or leave nodelist out")
+        if self.p["conf"] and not os.path.isfile(self.p["conf"]):
+            raise InvalidInputError("conf", self.p["conf"], "is not a file",
+                                    "give the path of the cluster's slurm.conf (the one the slurm_controller and "
+                                    "slurm_node roles write), or leave conf out for %s" % DEFAULT_CONF)
 
     def _preflight(self) -> None:
         """Refuse a job the cluster can never run, before it is submitted."""

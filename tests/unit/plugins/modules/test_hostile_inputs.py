@@ -66,6 +66,10 @@ class Case:
         self.tree.hugepages()
         os.mkfifo(str(tmp_path / "fifo"))
         (tmp_path / "file").write_text("a regular file\n")
+        # A cluster whose controller does not listen (port 9): Slurm's commands fail the same way each time.
+        (tmp_path / "slurm-unanswered.conf").write_text("ClusterName=lab\nSlurmctldHost=head(127.0.0.1)\n"
+                                                        "SlurmctldPort=9\nNodeName=w1 CPUs=1\n"
+                                                        "PartitionName=gpu Nodes=w1 Default=YES\n")
         (tmp_path / "dir").mkdir()
         (tmp_path / "cwd").mkdir()
         (tmp_path / "stage").mkdir()
@@ -149,6 +153,17 @@ BASE: Dict[str, Dict[str, Any]] = {
                        "qos": [{"name": "small", "max_gpus": 1, "max_wall": "60", "priority": 1}],
                        "accounts": [{"name": "team-a", "description": "A", "qos": ["small"]}],
                        "users": [{"name": "alice", "accounts": ["team-a"]}]},
+    "slurm_config": {"config_dir": Tmp("slurm"), "cluster_name": "lab", "controller": {"host": "head", "address": "127.0.0.1"},
+                     "accounting": {"host": "head"}, "munge_socket": Tmp("munge.socket"),
+                     "nodes": [{"name": "w1", "address": "127.0.0.2", "cpus": 2, "memory_mb": 1024,
+                                "gpus": [{"file": "/dev/nvidia0", "type": "h200"}]}],
+                     "partitions": [{"name": "gpu", "default": True}],
+                     "paths": {"state_save": Tmp("state"), "spool": Tmp("spool"), "run": Tmp("run"), "log": Tmp("log")}},
+    # No slurmctld here: a request that passes the input checks ends in the same "did not answer".
+    "slurm_job": {"name": "train-0123456789ab", "partition": "gpu", "account": "team-a", "nodes": 1,
+                  "nodelist": ["w1"], "gpus_per_node": 1, "time_limit": "01:00:00", "comment": "stage train",
+                  "wait_timeout": 5, "poll_interval": 1, "conf": Tmp("slurm-unanswered.conf"), "command_timeout": 2,
+                  "mlflow": {"tracking_uri": "http://127.0.0.1:9", "run_id": "0123", "username": "svc-train", "password": "a-long-enough-secret"}},
     "snapshot_info": {"uri": TEST_URI, "domain": "test"},
     "vfio_pci": dict(roots("sysfs_root", "proc_root", "etc_root"), devices=[GPU, GPU_AUDIO], initramfs="none",
                      modprobe_command=["/bin/true"], bind_timeout=5),

@@ -88,6 +88,10 @@ CANNOT_RUN_HERE: Dict[Tuple[str, str], Tuple[str, str]] = {
     ("pools", "real"): ("test:///default refuses the inactive-XML flag pools reads with", "unsupported flags"),
     ("slurm_accounts", "check"): ("needs slurmdbd (tests/integration/test_slurm_accounts.py starts one)", "did not answer"),
     ("slurm_accounts", "real"): ("needs slurmdbd (tests/integration/test_slurm_accounts.py starts one)", "did not answer"),
+    ("slurm_job", "check"): ("needs slurmctld (tests/integration/test_slurm_job.py starts a cluster)",
+                             "no Slurm controller answers"),
+    ("slurm_job", "real"): ("needs slurmctld (tests/integration/test_slurm_job.py starts a cluster)",
+                            "no Slurm controller answers"),
     ("snapshot", "check"): ("test:///default's domain has a disk of unknown format, which cannot hold "
                             "an internal snapshot", "cannot hold an internal snapshot"),
     ("snapshot", "real"): ("test:///default's domain has a disk of unknown format, which cannot hold "
