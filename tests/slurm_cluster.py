@@ -93,7 +93,8 @@ class Cluster:
             "controller": {"host": socket.gethostname().split(".")[0], "address": self.controller_addr},
             "slurmctld_port": self.ports["slurmctld"], "slurmd_port": self.ports["slurmd"],
             "slurm_user": "root", "munge_socket": self.munge_socket,
-            "accounting": {"host": "127.0.0.1", "port": self.ports["slurmdbd"]},
+            # slurmdbd on the bridge: Slurm's commands inside a node's namespace reach it there
+            "accounting": {"host": self.controller_addr, "port": self.ports["slurmdbd"]},
             "nodes": [{"name": name, "address": addr, "cpus": self.cpus,
                        "gpus": [{"file": f} for f in self.gpu_files(i)]}
                       for i, (name, addr) in enumerate(zip(self.node_names, self.node_addrs))],
@@ -197,13 +198,13 @@ class Cluster:
         with os.fdopen(fd, "w") as handle:
             handle.write("".join("%s=%s\n" % kv for kv in (
                 ("AuthType", "auth/munge"), ("AuthInfo", "socket=%s" % self.munge_socket),
-                ("DbdHost", "localhost"), ("DbdAddr", "127.0.0.1"), ("DbdPort", self.ports["slurmdbd"]),
+                ("DbdHost", "localhost"), ("DbdAddr", self.controller_addr), ("DbdPort", self.ports["slurmdbd"]),
                 ("SlurmUser", "root"), ("LogFile", self.tmp / "log" / "slurmdbd.log"),
                 ("PidFile", self.tmp / "run" / "slurmdbd.pid"), ("StorageType", "accounting_storage/mysql"),
                 ("StorageHost", "127.0.0.1"), ("StoragePort", self.ports["mariadb"]), ("StorageUser", "slurm"),
                 ("StoragePass", self.db_password), ("StorageLoc", "slurm_acct_db"))))
         self._spawn(["slurmdbd", "-D"], "slurmdbd.out")
-        self._wait("slurmdbd", lambda: self._port_open("127.0.0.1", self.ports["slurmdbd"]))
+        self._wait("slurmdbd", lambda: self._port_open(self.controller_addr, self.ports["slurmdbd"]))
 
     def _slurmctld(self) -> None:
         self.slurmctld = self._spawn(["slurmctld", "-D", "-i"], "slurmctld.out")
