@@ -201,6 +201,37 @@ def test_node_offering_less_than_declared_is_drained_and_said(host_daemons: None
     assert "DRAIN" not in slurm("scontrol", "show", "node", "-o").stdout
 
 
+def test_a_node_whose_gpu_is_unhealthy_is_drained_naming_the_gpu(host_daemons: None, tmp_path: Path) -> None:
+    """The node's GPU reading is the H200 capture with two double-bit ECC errors (gpu_health's
+    xml_file): gpu_health calls it unhealthy, the node is drained naming the GPU and what to do,
+    check mode predicts the drain first, a second run changes nothing, and a healthy capture of the
+same GPU lifts the drain."""
+    if not by_pidfile("slurmctld"):
+        pytest.skip("needs the cluster the four-ways test set up")
+    fixtures = ROOT / "tests" / "fixtures" / "gpu-health"
+    play = playbook(tmp_path)
+    sick = inventory(tmp_path, slurm_node_gpu_health_options={"xml_file": str(fixtures / "dbe.xml"), "kernel_log": "none"})
+    check = ansible_playbook(sick, play, "--check")
+    assert check.returncode == 0, check.stdout[-6000:]
+    assert "would be drained: mlinfra: GPU 0 NVIDIA H200" in check.stdout, check.stdout[-4000:]
+    assert "DRAIN" not in slurm("scontrol", "show", "node", "-o").stdout  # check mode changed nothing
+    proc = ansible_playbook(sick, play)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert "WARNING: Slurm node" in proc.stdout and "uncorrectable (double-bit) ECC errors" in proc.stdout
+    node = slurm("scontrol", "show", "node", "-o").stdout
+    assert "DRAIN" in node and "Reason=mlinfra: GPU 0 NVIDIA H200" in node, node
+    again = ansible_playbook(sick, play)
+    assert again.returncode == 0 and recap(again)["changed"] == 0, changed_tasks(again)
+    healthy = ROOT / "tests" / "fixtures" / "h200-exporter" / "idle-nvidia-smi-q.xml"  # a real, healthy capture
+    back = ansible_playbook(inventory(tmp_path, slurm_node_gpu_health_options={"xml_file": str(healthy),
+                                                                               "kernel_log": "none"}), play)
+    assert back.returncode == 0, back.stdout[-6000:]
+    deadline = time.monotonic() + 60
+    while "DRAIN" in slurm("scontrol", "show", "node", "-o").stdout and time.monotonic() < deadline:
+        time.sleep(1)
+    assert "DRAIN" not in slurm("scontrol", "show", "node", "-o").stdout
+
+
 def test_a_partition_change_reconfigures_without_a_restart(host_daemons: None, tmp_path: Path) -> None:
     """A new time limit is a change slurmctld takes with `scontrol reconfigure`: the handler that
     runs is the reconfigure, slurmctld keeps its process, and the partition has the limit."""
