@@ -116,7 +116,8 @@ options:
     description: Seconds each C(sacctmgr) call may take.
     type: int
     default: 30
-author: mlinfra.kvm contributors
+author:
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''

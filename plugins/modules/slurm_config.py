@@ -183,7 +183,8 @@ options:
   local_node:
     description: This host's node name, for the checks only this host can make (see above).
     type: str
-author: mlinfra.kvm contributors
+author:
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''

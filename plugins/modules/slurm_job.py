@@ -121,7 +121,8 @@ options:
     description: Seconds each Slurm command may take before it is killed and the task fails naming it.
     type: int
     default: 60
-author: mlinfra.kvm contributors
+author:
+  - mlinfra.kvm contributors (@mlinfra)
 '''
 
 EXAMPLES = r'''

@@ -174,15 +174,15 @@ def test_a_stage_runs_as_steps_of_its_job_and_the_job_is_not_part_of_its_key(clu
     stage = {"name": "train", "chdir": str(tmp_path), "deps": ["data/"], "outs": ["out/"],
              "cmd": ["sh", "-c", 'mkdir -p out && hostname > "out/$(hostname)"'], "env": {"SLURM_CONF": cluster.conf}}
     first = run_module_process("slurm_job", job_args(cluster, "train-steps-1"))
-    ran = run_module_process("ml_stage", dict(stage, launcher=["srun", "--jobid", first["job_id"], "--overlap", "-N1",
-                                                                  "-n1", "--nodelist", cluster.node_names[1]]))
+    step = ["srun", "--jobid", first["job_id"], "--overlap", "-N1", "-n1", "--nodelist", cluster.node_names[1]]
+    ran = run_module_process("ml_stage", dict(stage, launcher=step))
     assert ran["changed"] and ran["ran"], ran
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [cluster.node_names[1]]  # ran on that node
     run_module_process("slurm_job", job_args(cluster, "train-steps-1", state="completed"))
 
     second = run_module_process("slurm_job", job_args(cluster, "train-steps-2"))
-    again = run_module_process("ml_stage", dict(stage, launcher=["srun", "--jobid", second["job_id"], "--overlap",
-                                                                    "-N1", "-n1"]))
+    step = ["srun", "--jobid", second["job_id"], "--overlap", "-N1", "-n1"]
+    again = run_module_process("ml_stage", dict(stage, launcher=step))
     assert not again["changed"] and not again["would_run"] and again["key"] == ran["key"], again
     bad = run_module_process("ml_stage", dict(stage, launcher=["no-such-srun"]))
     assert bad["failed"] and "launcher" in bad["msg"] and "no-such-srun" in bad["msg"], bad

@@ -5,7 +5,6 @@ second pair reporting changed=0; then sinfo and srun through the real daemons, u
 the role declared. The daemons the test started are stopped in every path."""
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess

@@ -1021,7 +1021,6 @@ def test_the_alert_tests_feed_promtool_what_the_exporter_publishes(tmp_path, cap
         assert any(wanted in series for series in fed), wanted
 
 
-
 HEALTH_COMPARED = ("ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate",
                    "retired_pages_pending", "row_remap_pending", "row_remap_failure", "pcie_gen_current",
                    "pcie_gen_max", "pcie_width_current", "pcie_width_max", "power_limit_w", "nvlink", "gpu_temp")

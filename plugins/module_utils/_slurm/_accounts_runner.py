@@ -62,7 +62,7 @@ def wall_seconds(text: Optional[str]) -> Optional[int]:
 def tres_gpus(tres: str) -> Optional[int]:
     """``gres/gpu`` of a GrpTRES (``cpu=4,gres/gpu=2`` -> 2); None when unlimited."""
     for part in (tres or "").split(","):
-        name, _, value = part.partition("=")
+        name, _sep, value = part.partition("=")
         if name == "gres/gpu" and value.lstrip("-").isdigit() and int(value) >= 0:
             return int(value)
     return None

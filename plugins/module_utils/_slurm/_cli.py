@@ -90,7 +90,7 @@ class SlurmCli:
         try:
             with open(self.conf or DEFAULT_CONF, encoding="utf-8") as handle:
                 for line in handle:
-                    key, _, value = line.split("#", 1)[0].strip().partition("=")
+                    key, _sep, value = line.split("#", 1)[0].strip().partition("=")
                     if key in ("SlurmctldHost", "ControlMachine", "SlurmctldPort"):
                         conf.setdefault(key, value.strip())  # the primary: the first SlurmctldHost
         except OSError as exc:
@@ -143,7 +143,7 @@ class SlurmCli:
         try:
             with open(self.conf or DEFAULT_CONF, encoding="utf-8") as handle:
                 for line in handle:
-                    key, _, value = line.split("#", 1)[0].strip().partition("=")
+                    key, _sep, value = line.split("#", 1)[0].strip().partition("=")
                     if key in ("AccountingStorageHost", "AccountingStoragePort"):
                         conf[key] = value.strip()
         except OSError as exc:

@@ -41,7 +41,7 @@ class JobFailedError(KvmError):
 def tres_count(tres: str, key: str) -> int:
     """``gres/gpu`` of ``billing=2,cpu=2,gres/gpu=2,node=2`` -> 2 (0 when absent)."""
     for part in (tres or "").split(","):
-        name, _, value = part.partition("=")
+        name, _sep, value = part.partition("=")
         if name == key:
             try:
                 return int(value)
@@ -198,16 +198,16 @@ class SlurmJobRunner(ObjectRunner):
             seen = (info["state"], info["reason"])
             if seen != last:
                 position = self.service.queue_position(job_id, info["partition"]) if info["state"] == "PENDING" else 0
-                self.note("job %s %s%s%s" % (job_id, info["state"], " (%s)" % info["reason"] if info["reason"] not in
-                                              ("", "None") else "", ", position %d in %s" % (position, info["partition"])
-                                              if position else ""))
+                reason = " (%s)" % info["reason"] if info["reason"] not in ("", "None") else ""
+                where = ", position %d in %s" % (position, info["partition"]) if position else ""
+                self.note("job %s %s%s%s" % (job_id, info["state"], reason, where))
                 last = seen
             if info["state"] == "RUNNING":
                 return info
             if time.monotonic() > deadline:
                 raise KvmError("job %s is still %s (%s) after %ss; it stays queued and a re-run waits for it: cancel "
-                               "it with scancel %s to give up" % (job_id, info["state"], info["reason"],
-                                                                   self.p["wait_timeout"], job_id),
+                               "it with scancel %s to give up"
+                               % (job_id, info["state"], info["reason"], self.p["wait_timeout"], job_id),
                                job_id=job_id, state=info["state"], reason=info["reason"], progress=self.progress)
             self.sleep(self.p["poll_interval"])
 

@@ -120,8 +120,8 @@ def test_check_mode_decides_the_same_and_calls_nothing():
 
 
 def test_user_accounts_are_made_exact_default_first():
-    cli = FakeCli(**dict(EXISTING, accounts=EXISTING["accounts"] + [("team-b", "team-b", "team-b")],
-                         assocs=EXISTING["assocs"] + [("team-b", "", "root", "normal")]))
+    cli = FakeCli(**{**EXISTING, "accounts": EXISTING["accounts"] + [("team-b", "team-b", "team-b")],
+                     "assocs": EXISTING["assocs"] + [("team-b", "", "root", "normal")]})
     run(cli, users=[{"name": "alice", "accounts": ["team-b"]}])
     assert cli.calls == [("add", "user", "alice", "account=team-b", "cluster=lab"),
                          ("modify", "user", "where", "name=alice", "set", "defaultaccount=team-b"),
@@ -129,7 +129,7 @@ def test_user_accounts_are_made_exact_default_first():
 
 
 def test_removal_goes_children_first_whatever_the_declared_order():
-    cli = FakeCli(**dict(EXISTING, assocs=EXISTING["assocs"] + [("sub", "", "team-a", "normal")]))
+    cli = FakeCli(**{**EXISTING, "assocs": EXISTING["assocs"] + [("sub", "", "team-a", "normal")]})
     run(cli, accounts=[{"name": "team-a", "state": "absent"}, {"name": "sub", "state": "absent"}])
     assert [c[3] for c in cli.calls] == ["name=sub", "name=team-a"]
 
