@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .._core._errors import InvalidInputError
 
@@ -168,3 +168,166 @@ def cost_line(r: Mapping[str, Any]) -> str:
     if r["break_even_utilisation"] is None:
         return text + "; the cloud rate does not cover the electricity: on premise is never cheaper"
     return text + "; on premise is cheaper above %.1f%% utilisation" % (r["break_even_utilisation"] * 100)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost for Prometheus: node_exporter's textfile collector reads mlinfra_run_cost.prom.
+
+TEXTFILE_NAME = "mlinfra_run_cost.prom"
+COST_KINDS = (("on_premise", "on_premise_cost"), ("cloud", "cloud_cost"), ("hardware", "hardware_cost"),
+              ("energy", "energy_cost"))
+# name: (type, help, label names in order). The *_last gauges and the timestamp are the last
+# run per pipeline; the *_total counters add every priced run to what the previous file held.
+COST_FAMILIES = {
+    "mlinfra_run_cost_last": ("gauge", "Cost of the pipeline's last priced train run, by kind "
+                              "(on_premise = hardware + energy; cloud = the same GPU-hours at the declared rate).",
+                              ("pipeline", "account", "currency", "kind")),
+    "mlinfra_run_gpu_hours_last": ("gauge", "GPU-hours of the pipeline's last priced train run.",
+                                   ("pipeline", "account")),
+    "mlinfra_run_break_even_utilisation": ("gauge", "Utilisation (0-1) above which on premise was cheaper than the "
+                                           "cloud rate, at the pipeline's last priced run.", ("pipeline",)),
+    "mlinfra_run_last_timestamp_seconds": ("gauge", "When the pipeline's last train run was priced (Unix seconds).",
+                                           ("pipeline", "account", "mlflow_run_id")),
+    "mlinfra_run_cost_total": ("counter", "Cost of every priced train run, by kind.",
+                               ("pipeline", "account", "currency", "kind")),
+    "mlinfra_run_gpu_hours_total": ("counter", "GPU-hours of every priced train run.", ("pipeline", "account")),
+    "mlinfra_runs_priced_total": ("counter", "Train runs priced.", ("pipeline", "account")),
+}
+NO_ACCOUNT = "-"
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+-?\d+)?[ \t]*$")
+_LABEL_PAIR = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
+_UNESCAPE = re.compile(r"\\(.)")
+Series = Tuple[Tuple[str, str], ...]
+
+
+def escape_label_value(value: str) -> str:
+    """A label value as the text exposition format writes it: backslash, double quote, newline."""
+    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def _unescape(value: str) -> str:
+    return _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
+def _refuse(number: int, line: str, problem: str) -> InvalidInputError:
+    return InvalidInputError("previous_text", "line %d: %s" % (number, line[:200]), problem,
+                             "fix or remove %s (its counters then start again from this run)" % TEXTFILE_NAME)
+
+
+def _parse_labels(text: str, number: int, line: str) -> Dict[str, str]:
+    labels: Dict[str, str] = {}
+    pos = 0
+    while pos < len(text.rstrip()):
+        match = _LABEL_PAIR.match(text, pos)
+        if not match or match.end() == pos:
+            raise _refuse(number, line, "has labels that do not parse")
+        labels[match.group(1)] = _unescape(match.group(2))
+        pos = match.end()
+        if match.group(3) != ",":
+            break
+    if text[pos:].strip():
+        raise _refuse(number, line, "has labels that do not parse")
+    return labels
+
+
+def parse_cost_textfile(text: Optional[str]) -> Dict[str, Dict[Series, float]]:
+    """The mlinfra_run_* samples of a previous textfile: family -> {label pairs: value}.
+
+    The rule: comments, blank lines, samples of other metrics and lines that name no mlinfra_run_*
+    metric are ignored (and not written again). A line that names an mlinfra_run_* metric and is
+    not a sample, or a sample of one of COST_FAMILIES must parse, carry exactly the family's labels and a
+    finite value that is not negative; anything else refuses the whole text (InvalidInputError),
+    so a damaged file is never overwritten with counters that silently went back to zero.
+    """
+    out: Dict[str, Dict[Series, float]] = {name: {} for name in COST_FAMILIES}
+    for number, raw in enumerate((text or "").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        name = match.group(1) if match else line.split("{", 1)[0].split(None, 1)[0]
+        if name not in COST_FAMILIES:
+            if not match and name.startswith("mlinfra_run"):
+                raise _refuse(number, line, "is not a sample in Prometheus' text format")
+            continue
+        if not match:
+            raise _refuse(number, line, "is not a sample in Prometheus' text format")
+        labels = _parse_labels(match.group(2) or "", number, line)
+        wanted = COST_FAMILIES[name][2]
+        if sorted(labels) != sorted(wanted):
+            raise _refuse(number, line, "has the labels %s, not %s" % (sorted(labels), list(wanted)))
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            raise _refuse(number, line, "has a value that is not a number")
+        if not math.isfinite(value) or value < 0:
+            raise _refuse(number, line, "has a value that is not a finite number of 0 or more")
+        out[name][tuple((key, labels[key]) for key in wanted)] = value
+    return out
+
+
+def _format(value: float) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    number = float(value)
+    return str(int(number)) if number.is_integer() and abs(number) < 2 ** 53 else repr(number)
+
+
+def cost_textfile(previous_text: Optional[str], result: Mapping[str, Any], pipeline: str, account: Optional[str] = "",
+                  mlflow_run_id: Optional[str] = "", timestamp: Any = None) -> str:
+    """The whole mlinfra_run_cost.prom after one priced run (``result`` is run_cost()'s dict).
+
+    The last-run gauges of ``pipeline`` are replaced (those of other pipelines in the previous
+    text are kept); the counters are the previous text's values plus this run's, so that
+    ``increase(...[1d])`` gives the cost per day and the ``account`` label the cost per account.
+    An empty account (the ssh scheduler has none) is written as account="-". A null cloud cost
+    adds no cloud sample, a null break-even utilisation writes no gauge. ``previous_text``
+    follows parse_cost_textfile's rule: damaged mlinfra_run_* samples refuse the whole text.
+    """
+    if not isinstance(pipeline, str) or not pipeline.strip():
+        raise InvalidInputError("pipeline", pipeline, "is empty", "give the pipeline's name (its metrics label)")
+    if not isinstance(result, Mapping):
+        raise InvalidInputError("result", result, "is not a mapping", "give run_cost's result")
+    account_label = str(account) if account not in (None, "") else NO_ACCOUNT
+    currency = result.get("currency")
+    if not isinstance(currency, str) or not currency:
+        raise InvalidInputError("result.currency", currency, "is not a currency", "give run_cost's result")
+    gpu_hours = _number("result.gpu_hours", result.get("gpu_hours"), allow_zero=True)
+    costs = []
+    for kind, key in COST_KINDS:
+        if key == "cloud_cost" and result.get(key) is None:
+            continue
+        costs.append((kind, _number("result.%s" % key, result.get(key), allow_zero=True)))
+    break_even = result.get("break_even_utilisation")
+    if break_even is not None:
+        break_even = _number("result.break_even_utilisation", break_even, allow_zero=True)
+    when = _number("timestamp", timestamp, allow_zero=True)
+
+    families = parse_cost_textfile(previous_text)
+    for name, (kind_of, _text, _labels) in COST_FAMILIES.items():
+        if kind_of == "gauge":  # the last run of this pipeline replaces its previous last run
+            families[name] = {series: v for series, v in families[name].items() if dict(series)["pipeline"] != pipeline}
+    run = (("pipeline", pipeline), ("account", account_label))
+    for kind, value in costs:
+        families["mlinfra_run_cost_last"][run + (("currency", currency), ("kind", kind))] = value
+        total = families["mlinfra_run_cost_total"]
+        series = run + (("currency", currency), ("kind", kind))
+        total[series] = total.get(series, 0.0) + value
+    families["mlinfra_run_gpu_hours_last"][run] = gpu_hours
+    if break_even is not None:
+        families["mlinfra_run_break_even_utilisation"][(("pipeline", pipeline),)] = break_even
+    families["mlinfra_run_last_timestamp_seconds"][run + (("mlflow_run_id", str(mlflow_run_id or "")),)] = when
+    hours = families["mlinfra_run_gpu_hours_total"]
+    hours[run] = hours.get(run, 0.0) + gpu_hours
+    runs = families["mlinfra_runs_priced_total"]
+    runs[run] = runs.get(run, 0) + 1
+
+    lines = []
+    for name, (kind_of, text, _labels) in COST_FAMILIES.items():
+        if not families[name]:
+            continue
+        lines += ["# HELP %s %s" % (name, text), "# TYPE %s %s" % (name, kind_of)]
+        for series in sorted(families[name]):
+            labels = ",".join('%s="%s"' % (key, escape_label_value(value)) for key, value in series)
+            lines.append("%s{%s} %s" % (name, labels, _format(families[name][series])))
+    return "\n".join(lines) + "\n"

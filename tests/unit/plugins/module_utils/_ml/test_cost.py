@@ -14,9 +14,10 @@ and at 50 % it is about 4x (3.5x once electricity is counted: 400 W * PUE 1.58 *
 from __future__ import annotations
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._cost import run_cost
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._cost import COST_FAMILIES, cost_textfile, run_cost
 
 pytestmark = pytest.mark.unit
 
@@ -109,3 +110,145 @@ def test_a_run_without_gpu_costs_no_gpu_time_and_needs_no_power():
     assert r["gpu_hours"] == 0 and r["energy_kwh"] == 0 and r["energy_source"] == "no GPU"
     assert r["on_premise_cost"] == 0 and r["cloud_cost"] is None
     assert r["line"] == "cost: no GPU on the workers (a CPU-only run of 600 s): no GPU time to price"
+
+
+# ---------------------------------------------------------------------------------------------
+# The textfile for node_exporter (cost_textfile), read back the way Prometheus would read it.
+
+def _samples(text):
+    """{(name, frozenset(labels)): value}, read by prometheus_client's parser (requirements.txt),
+    not by the module's own reader, and checked to declare each family's TYPE once."""
+    out = {}
+    families = list(text_string_to_metric_families(text))
+    assert len({f.name for f in families}) == len(families), [f.name for f in families]
+    for family in families:
+        for sample in family.samples:
+            out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return out
+
+
+def _value(text, name, **labels):
+    return _samples(text)[(name, frozenset(labels.items()))]
+
+
+def _priced(hours, **change):
+    args = {**SEED, **change}
+    return run_cost(hours * 3600, 1, **args)
+
+
+def test_the_first_run_writes_gauges_and_counters_with_help_and_type():
+    r = _priced(2)
+    text = cost_textfile("", r, "demo", "team-a", mlflow_run_id="abc123", timestamp=1_700_000_000)
+    for name, (kind, _help, _labels) in COST_FAMILIES.items():
+        assert "# TYPE %s %s\n" % (name, kind) in text
+        assert "# HELP %s " % name in text
+    assert _value(text, "mlinfra_run_cost_last", pipeline="demo", account="team-a", currency="USD",
+                  kind="on_premise") == pytest.approx(r["on_premise_cost"])
+    assert _value(text, "mlinfra_run_cost_last", pipeline="demo", account="team-a", currency="USD",
+                  kind="cloud") == pytest.approx(6.0)
+    assert _value(text, "mlinfra_run_cost_total", pipeline="demo", account="team-a", currency="USD",
+                  kind="hardware") == pytest.approx(r["hardware_cost"])
+    assert _value(text, "mlinfra_run_gpu_hours_last", pipeline="demo", account="team-a") == pytest.approx(2.0)
+    assert _value(text, "mlinfra_run_break_even_utilisation", pipeline="demo") == pytest.approx(
+        r["break_even_utilisation"])
+    assert _value(text, "mlinfra_run_last_timestamp_seconds", pipeline="demo", account="team-a",
+                  mlflow_run_id="abc123") == 1_700_000_000
+    assert _value(text, "mlinfra_runs_priced_total", pipeline="demo", account="team-a") == 1
+    assert 'mlinfra_runs_priced_total{pipeline="demo",account="team-a"} 1\n' in text
+
+
+def test_the_second_run_adds_to_the_counters_and_replaces_the_last_run():
+    first, second = _priced(2), _priced(1)
+    text = cost_textfile("", first, "demo", "team-a", mlflow_run_id="run1", timestamp=1000)
+    text = cost_textfile(text, second, "demo", "team-a", mlflow_run_id="run2", timestamp=2000)
+    assert _value(text, "mlinfra_run_cost_total", pipeline="demo", account="team-a", currency="USD",
+                  kind="on_premise") == pytest.approx(first["on_premise_cost"] + second["on_premise_cost"])
+    assert _value(text, "mlinfra_run_gpu_hours_total", pipeline="demo", account="team-a") == pytest.approx(3.0)
+    assert _value(text, "mlinfra_runs_priced_total", pipeline="demo", account="team-a") == 2
+    assert _value(text, "mlinfra_run_cost_last", pipeline="demo", account="team-a", currency="USD",
+                  kind="on_premise") == pytest.approx(second["on_premise_cost"])
+    stamps = [k for k in _samples(text) if k[0] == "mlinfra_run_last_timestamp_seconds"]
+    assert stamps == [("mlinfra_run_last_timestamp_seconds",
+                       frozenset({("pipeline", "demo"), ("account", "team-a"), ("mlflow_run_id", "run2")}))]
+
+
+def test_a_different_account_and_pipeline_keep_both():
+    text = cost_textfile("", _priced(2), "demo", "team-a", timestamp=1000)
+    text = cost_textfile(text, _priced(1), "demo", "", timestamp=2000)           # ssh: no account
+    text = cost_textfile(text, _priced(4), "nightly", "team-b", timestamp=3000)
+    assert _value(text, "mlinfra_run_gpu_hours_total", pipeline="demo", account="team-a") == pytest.approx(2)
+    assert _value(text, "mlinfra_run_gpu_hours_total", pipeline="demo", account="-") == pytest.approx(1)
+    assert _value(text, "mlinfra_run_gpu_hours_total", pipeline="nightly", account="team-b") == pytest.approx(4)
+    # The last run per pipeline: demo's is the account-less one, nightly's its own.
+    last = sorted(dict(k[1])["account"] for k in _samples(text) if k[0] == "mlinfra_run_gpu_hours_last")
+    assert last == ["-", "team-b"]
+
+
+def test_no_cloud_rate_writes_no_cloud_sample_and_no_break_even():
+    r = _priced(1, cloud_rates={})
+    assert r["cloud_cost"] is None and r["break_even_utilisation"] is None
+    text = cost_textfile("", r, "demo", "a", timestamp=1)
+    assert 'kind="cloud"' not in text
+    assert "mlinfra_run_break_even_utilisation" not in text
+    assert 'kind="on_premise"' in text
+
+
+def test_a_hostile_label_value_is_escaped_and_reads_back_the_same():
+    hostile = 'te"am\\b\n<img src=x onerror=alert(1)>'
+    text = cost_textfile("", _priced(1), 'pipe"line', hostile, mlflow_run_id='r"1', timestamp=1)
+    assert 'account="te\\"am\\\\b\\n<img src=x onerror=alert(1)>"' in text
+    assert 'pipeline="pipe\\"line"' in text
+    for line in text.splitlines():      # one sample per line: the newline did not break one
+        assert line.startswith(("# ", "mlinfra_run"))
+    again = cost_textfile(text, _priced(1), 'pipe"line', hostile, timestamp=2)
+    assert _value(again, "mlinfra_runs_priced_total", pipeline='pipe"line', account=hostile) == 2
+
+
+@pytest.mark.parametrize("garbage", [
+    'mlinfra_run_cost_total{pipeline="demo",account="a",currency="USD",kind="energy"} lots\n',
+    'mlinfra_run_cost_total{pipeline="demo",account="a",currency="USD",kind="energy"} -1\n',
+    'mlinfra_run_cost_total{pipeline="demo",account="a",currency="USD",kind="energy"} NaN\n',
+    'mlinfra_run_gpu_hours_total{pipeline="demo"} 3\n',                     # a label missing
+    'mlinfra_runs_priced_total{pipeline="demo,account="a"} 3\n',             # a broken quote
+    'mlinfra_runs_priced_total garbage here\n',
+])
+def test_a_damaged_sample_of_the_cost_families_refuses_the_whole_previous_text(garbage):
+    good = cost_textfile("", _priced(1), "demo", "a", timestamp=1)
+    with pytest.raises(InvalidInputError) as caught:
+        cost_textfile(good + garbage, _priced(1), "demo", "a", timestamp=2)
+    assert caught.value.details["option"] == "previous_text"
+    assert "mlinfra_run_cost.prom" in caught.value.msg
+
+
+def test_lines_that_are_not_cost_samples_are_ignored():
+    good = cost_textfile("", _priced(2), "demo", "a", timestamp=1)
+    noise = "\x00\x7fnot prometheus at all\n# a comment\n\nnode_load1 0.5\nsome_other{x=\"1\"} 2\n"
+    text = cost_textfile(noise + good + noise, _priced(1), "demo", "a", timestamp=2)
+    assert _value(text, "mlinfra_run_gpu_hours_total", pipeline="demo", account="a") == pytest.approx(3)
+    assert "node_load1" not in text and "not prometheus" not in text
+    assert cost_textfile("\x00garbage\n", _priced(1), "demo", "a", timestamp=2) == cost_textfile(
+        "", _priced(1), "demo", "a", timestamp=2)
+
+
+def test_counters_never_go_down_over_many_runs():
+    text, before = "", {}
+    for n, (hours, account, rates) in enumerate([(1, "a", None), (0, "a", None), (2, "b", {}), (0.5, "a", {}),
+                                                  (3, "", None)]):
+        change = {} if rates is None else {"cloud_rates": rates}
+        text = cost_textfile(text, _priced(hours, **change), "demo", account, timestamp=n)
+        now = {k: v for k, v in _samples(text).items() if k[0].endswith("_total")}
+        assert set(before) <= set(now), set(before) - set(now)
+        assert all(now[k] >= before[k] for k in before), [(k, before[k], now[k]) for k in before if now[k] < before[k]]
+        before = now
+    assert before[("mlinfra_runs_priced_total", frozenset({("pipeline", "demo"), ("account", "a")}))] == 3
+
+
+@pytest.mark.parametrize("pipeline, result, problem", [
+    ("", None, "pipeline"),
+    ("demo", {"currency": "USD"}, "result.gpu_hours"),
+    ("demo", "not a dict", "result"),
+])
+def test_bad_arguments_are_named(pipeline, result, problem):
+    with pytest.raises(InvalidInputError) as caught:
+        cost_textfile("", _priced(1) if result is None else result, pipeline, "a", timestamp=1)
+    assert caught.value.details["option"] == problem
