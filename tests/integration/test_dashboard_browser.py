@@ -4,6 +4,8 @@ The test starts, on 127.0.0.1 only and on free ports in a temporary directory:
 
 * prometheus-node-exporter, whose textfile collector reads the ``mlinfra_stage_<name>.prom``
   files the test writes (one successful stage with an MLflow run id, one failed stage);
+  a second one stands in for a GPU worker (DCGM series, the Slurm collector's file and the
+  pipeline's ``mlinfra_run_cost.prom``, rendered by the collection's own cost_textfile);
 * prometheus-libvirt-exporter on libvirt's test driver (``test:///default``: one running
   domain named ``test``);
 * Prometheus scraping both every 2 s with the labels the role sets (host=hv1,
@@ -30,6 +32,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._cost import TEXTFILE_NAME as COST_TEXTFILE
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._cost import cost_textfile, run_cost
 from conftest import ROOT
 from dashboard_browser import (FIRST_SERIES_RGB, SERIES_PIXELS_JS, artifacts_dir, chromium, console_messages,
                                free_port, save_full_page, wait_for)
@@ -226,14 +230,42 @@ SLURM_TEXTFILE = "\n".join([
 ]) + "\n"
 
 
+# The pipeline's cost textfile (roles/pipeline/tasks/cost.yml), rendered by the collection's own
+# cost_textfile: pipeline demo charged to an account whose name carries HTML (it must come out as
+# text), then pipeline nightly under the ssh scheduler (no account, no cloud rate). A third run
+# of demo is written once Prometheus has scraped these (in the test), so increase() sees the
+# counters rise by exactly that run.
+COST_ACCOUNT_XSS = 'team "b" <img src=x onerror=window.__xss=3>'
+COST_INPUTS = dict(gpu_model="NVIDIA A100-SXM4-80GB", pue=1.5, electricity_price=0.2, hardware_price=30000,
+                   lifetime_years=3, utilisation=0.5, cloud_rates={"A100": 3.0}, currency="EUR")
+COST_RUN_ID = "0a1b2c3d4e5f40718293a4b5c6d7e8f9"
+
+
+def priced(gpu_hours: float, **change: Any) -> Dict[str, Any]:
+    """run_cost's result for a two-GPU run of ``gpu_hours`` GPU-hours."""
+    return run_cost(gpu_hours / 2 * 3600, 2, **dict(COST_INPUTS, **change))
+
+
+def cost_runs_before(now: float) -> str:
+    text = cost_textfile("", priced(4), "demo", COST_ACCOUNT_XSS, mlflow_run_id=RUN_ID, timestamp=now - 5 * 3600)
+    return cost_textfile(text, priced(3, cloud_rates={}), "nightly", "", timestamp=now - 4 * 3600)
+
+
 @pytest.fixture(scope="module")
-def gpu_worker(tmp_path_factory: pytest.TempPathFactory):
-    """A second node exporter standing in for a GPU worker VM (its textfile carries DCGM series)."""
-    workdir = tmp_path_factory.mktemp("gpu-worker")
-    textfiles = workdir / "textfile"
+def gpu_worker_textfiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    textfiles = tmp_path_factory.mktemp("gpu-worker") / "textfile"
     textfiles.mkdir()
+    return textfiles
+
+
+@pytest.fixture(scope="module")
+def gpu_worker(gpu_worker_textfiles: Path):
+    """A second node exporter standing in for a GPU worker VM (its textfile carries DCGM series)."""
+    textfiles = gpu_worker_textfiles
+    workdir = textfiles.parent
     write_textfile(textfiles, "dcgm.prom", dcgm_textfile())
     write_textfile(textfiles, "mlinfra_slurm_state.prom", SLURM_TEXTFILE)
+    write_textfile(textfiles, COST_TEXTFILE, cost_runs_before(time.time()))
     port = free_port()
     proc = Proc("gpu-worker-node-exporter", [
         BINARIES["node_exporter"], "--web.listen-address=%s:%d" % (LOCAL, port),
@@ -397,6 +429,7 @@ def test_dashboard_shows_hosts_vms_charts_and_stages(prometheus: Prometheus, bro
     assert driver.find_element(By.CSS_SELECTOR, "#sec-alerts .note").text.startswith("✓ No alerts firing")
     assert "No GPU metrics (no GPU worker is scraped)" in driver.find_element(By.ID, "sec-gpus").text
     assert not driver.find_element(By.ID, "sec-slurm").is_displayed()   # no Slurm collector reports
+    assert not driver.find_element(By.ID, "sec-cost").is_displayed()    # no run was priced
     assert not driver.find_element(By.ID, "error-banner").is_displayed()
     assert driver.title == "mlinfra test platform"
 
@@ -438,7 +471,8 @@ def test_dashboard_shows_banner_when_prometheus_is_down(start_prometheus, browse
     driver.save_screenshot(str(artifacts_dir() / "dashboard-integration-down.png"))
 
 
-def test_dashboard_shows_gpus_alerts_and_unmanaged_vms(start_prometheus, gpu_worker, browser) -> None:
+def test_dashboard_shows_gpus_alerts_and_unmanaged_vms(start_prometheus, gpu_worker, gpu_worker_textfiles,
+                                                       browser) -> None:
     """Every section populated: DCGM GPUs (one MIG instance with an XID), firing alerts beside
     Watchdog, and a VM the node job scrapes but libvirt does not know. Label values with HTML
     in them must come out as text."""
@@ -491,9 +525,73 @@ def test_dashboard_shows_gpus_alerts_and_unmanaged_vms(start_prometheus, gpu_wor
     assert "Slurm: 1 running, 1 pending, 1 node out" in driver.find_element(By.CSS_SELECTOR, ".topbar .summary").text
     assert driver.execute_script("return window.__xss === undefined")
 
+    check_cost_section(driver, prom, gpu_worker_textfiles, page_state)
+
     wait_for("GPU charts with a few points",
              lambda: int(cards[0].find_element(By.CSS_SELECTOR, ".chart-box").get_attribute("data-drawn-points") or 0) >= 5,
              timeout=60, interval=1)
     save_full_page(driver, artifacts_dir() / "dashboard-integration-populated.png")
     severe = [m for m in console_messages(driver) if m.get("level") == "SEVERE"]
     assert not severe, severe
+
+
+def _money(text: str) -> float:
+    value, currency = text.split()
+    assert currency == "EUR", text
+    return float(value)
+
+
+def _row_of(rows: List[Any], account: str) -> Optional[Any]:
+    found = [row for row in rows if row.get_attribute("data-account") == account]
+    return found[0] if len(found) == 1 else None
+
+
+def check_cost_section(driver, prom: Prometheus, textfiles: Path, page_state) -> None:
+    """The Cost section: the last run per pipeline from the gauges, and per day and per account
+    the counters' increase() once a third run of demo has been added to the file on disk."""
+    before = (textfiles / COST_TEXTFILE).read_text()
+    third = priced(1)
+    write_textfile(textfiles, COST_TEXTFILE, cost_textfile(before, third, "demo", COST_ACCOUNT_XSS,
+                                                           mlflow_run_id=COST_RUN_ID, timestamp=time.time() - 3 * 3600))
+    wait_for("Prometheus to scrape the third run", lambda: prom.query(
+        'mlinfra_runs_priced_total{pipeline="demo"} == 2'), timeout=60, interval=0.5)
+    section = driver.find_element(By.ID, "sec-cost")
+    runs = wait_for("the third run of demo in the per-run table", lambda: _row_of(
+        [r for r in section.find_elements(By.CSS_SELECTOR, ".cost-runs tbody tr") if r.get_attribute("data-pipeline") == "demo"
+         and r.find_element(By.CSS_SELECTOR, ".cost-gpu-hours").text == "1.00"], COST_ACCOUNT_XSS), diagnostics=page_state)
+    assert section.is_displayed()
+    cells = [runs.find_element(By.CSS_SELECTOR, cls).text for cls in
+             (".cost-pipeline", ".cost-account", ".cost-on-premise", ".cost-cloud", ".cost-gpu-hours", ".cost-break-even",
+              ".cost-when")]
+    assert cells == ["demo", COST_ACCOUNT_XSS, "%.2f EUR" % third["on_premise_cost"], "%.2f EUR" % third["cloud_cost"],
+                     "1.00", "%.1f %%" % (third["break_even_utilisation"] * 100), "3 h ago"], cells
+    nightly = [r for r in section.find_elements(By.CSS_SELECTOR, ".cost-runs tbody tr")
+               if r.get_attribute("data-pipeline") == "nightly"]
+    assert len(nightly) == 1 and nightly[0].get_attribute("data-account") == "-"
+    assert [nightly[0].find_element(By.CSS_SELECTOR, cls).text for cls in (".cost-cloud", ".cost-gpu-hours",
+                                                                           ".cost-break-even")] == ["–", "3.00", "–"]
+
+    # increase() extrapolates a little past the first and last sample (at most half a scrape
+    # interval each side), so the reading comes down towards the third run's cost as samples
+    # accumulate; the whole counter (all three runs, 8 GPU-hours) would be far above it.
+    expected = third["on_premise_cost"]
+
+    def account_row():
+        row = _row_of(section.find_elements(By.CSS_SELECTOR, ".cost-accounts tbody tr"), COST_ACCOUNT_XSS)
+        if row is None:
+            return None
+        shown = row.find_element(By.CSS_SELECTOR, ".cost-acct-on-premise").text
+        return row if shown != "–" and expected - 0.005 <= _money(shown) <= expected * 1.25 else None
+
+    account = wait_for("the account's on-premise cost of the last 30 d near the third run's %.2f" % expected, account_row,
+                       timeout=90, interval=1, diagnostics=lambda: section.text)
+    assert account.find_element(By.CSS_SELECTOR, ".cost-account").text == COST_ACCOUNT_XSS
+    assert third["cloud_cost"] - 0.005 <= _money(account.find_element(By.CSS_SELECTOR, ".cost-acct-cloud").text) \
+        <= third["cloud_cost"] * 1.25
+    assert 0.995 <= float(account.find_element(By.CSS_SELECTOR, ".cost-acct-gpu-hours").text) <= 1.25
+    assert account.find_element(By.CSS_SELECTOR, ".cost-acct-runs").text == "1"
+    # nightly's single run: its counters appeared at their value and never rose.
+    assert _row_of(section.find_elements(By.CSS_SELECTOR, ".cost-accounts tbody tr"), "-") is not None
+    today = section.find_element(By.CSS_SELECTOR, '.cost-days tr[data-day="0"][data-currency="EUR"]')
+    assert expected - 0.005 <= _money(today.find_element(By.CSS_SELECTOR, ".cost-day-on-premise").text) <= expected * 1.3
+    assert driver.execute_script("return window.__xss === undefined && !document.querySelector('main img')")

@@ -1128,6 +1128,177 @@
       slurmDown: model.daemons.slurmctld === 0 || model.daemons.slurmdbd === 0 };
   }
 
+  // ------------------------------------------------------------------ section: cost
+
+  /**
+   * The cost of the pipelines' train runs (mlinfra_run_cost.prom, written by the pipeline role
+   * on its first worker after each priced run): the last run per pipeline from its gauges, and
+   * per day and per account from increase() of the running totals. increase() sees a counter
+   * rise only between two scrapes, so a label set's very first priced run is in the per-run
+   * table but not in the per-day and per-account figures. Hidden while no run was priced (no
+   * mlinfra_runs_priced_total series).
+   */
+  const COST_DAYS = 7;
+  const COST_ACCOUNT_WINDOW = '30d';
+
+  async function loadCost() {
+    const perDay = [];
+    for (let day = 0; day < COST_DAYS; day += 1) {
+      const offset = day ? ' offset ' + day + 'd' : '';
+      perDay.push(instant('sum by (currency, kind) (increase(mlinfra_run_cost_total{kind=~"on_premise|cloud"}[1d]'
+        + offset + '))'));
+    }
+    const win = COST_ACCOUNT_WINDOW;
+    const [priced, last, hours, breakEven, stamps, acctOnPrem, acctCloud, acctHours, acctRuns, ...days] = await Promise.all([
+      instant('mlinfra_runs_priced_total'),
+      instant('mlinfra_run_cost_last'),
+      instant('mlinfra_run_gpu_hours_last'),
+      instant('mlinfra_run_break_even_utilisation'),
+      instant('mlinfra_run_last_timestamp_seconds'),
+      instant(`sum by (account, currency) (increase(mlinfra_run_cost_total{kind="on_premise"}[${win}]))`),
+      instant(`sum by (account, currency) (increase(mlinfra_run_cost_total{kind="cloud"}[${win}]))`),
+      instant(`sum by (account) (increase(mlinfra_run_gpu_hours_total[${win}]))`),
+      instant(`sum by (account) (increase(mlinfra_runs_priced_total[${win}]))`),
+      ...perDay,
+    ]);
+    // One run per pipeline and host (the file is per first worker); the account is the run's.
+    const host = (l) => stageHost(l);
+    const runKey = (l) => [l.pipeline || '', l.account || '', host(l)].join('\u0000');
+    const runs = new Map();
+    for (const r of hours) {
+      runs.set(runKey(r.labels), {
+        key: runKey(r.labels), pipeline: r.labels.pipeline || '?', account: r.labels.account || '-', host: host(r.labels),
+        hours: r.value, onPremise: null, cloud: null, currency: '', breakEven: null, ts: null, runId: '',
+      });
+    }
+    for (const r of last) {
+      const run = runs.get(runKey(r.labels));
+      if (!run) continue;
+      run.currency = r.labels.currency || run.currency;
+      if (r.labels.kind === 'on_premise') run.onPremise = r.value;
+      else if (r.labels.kind === 'cloud') run.cloud = r.value;
+    }
+    for (const r of stamps) {
+      const run = runs.get(runKey(r.labels));
+      if (run) Object.assign(run, { ts: r.value, runId: r.labels.mlflow_run_id || '' });
+    }
+    for (const r of breakEven) {
+      for (const run of runs.values()) {
+        if (run.pipeline === (r.labels.pipeline || '?') && run.host === host(r.labels)) run.breakEven = r.value;
+      }
+    }
+
+    const accounts = new Map();
+    const account = (l) => {
+      const key = (l.account || '-') + '\u0000' + (l.currency || '');
+      if (!accounts.has(key)) accounts.set(key, { key, name: l.account || '-', currency: l.currency || '', onPremise: null, cloud: null });
+      return accounts.get(key);
+    };
+    for (const r of acctOnPrem) account(r.labels).onPremise = r.value;
+    for (const r of acctCloud) account(r.labels).cloud = r.value;
+    const hoursOf = new Map(acctHours.map((r) => [r.labels.account || '-', r.value]));
+    const runsOf = new Map(acctRuns.map((r) => [r.labels.account || '-', r.value]));
+    for (const a of accounts.values()) Object.assign(a, { hours: hoursOf.get(a.name), runs: runsOf.get(a.name) });
+
+    const perDayRows = [];
+    days.forEach((result, day) => {
+      const byCurrency = new Map();
+      for (const r of result) {
+        const currency = r.labels.currency || '';
+        if (!byCurrency.has(currency)) byCurrency.set(currency, { key: day + '\u0000' + currency, day, currency, onPremise: null, cloud: null });
+        const row = byCurrency.get(currency);
+        if (r.labels.kind === 'on_premise') row.onPremise = r.value;
+        else if (r.labels.kind === 'cloud') row.cloud = r.value;
+      }
+      perDayRows.push(...Array.from(byCurrency.values()).sort((a, b) => a.currency.localeCompare(b.currency)));
+    });
+
+    return {
+      present: priced.length > 0,
+      runs: Array.from(runs.values()).sort((a, b) => (b.ts || 0) - (a.ts || 0) || a.pipeline.localeCompare(b.pipeline)),
+      days: perDayRows,
+      accounts: Array.from(accounts.values())
+        .sort((a, b) => (b.onPremise || 0) - (a.onPremise || 0) || a.name.localeCompare(b.name)),
+    };
+  }
+
+  function fmtMoney(v, currency) {
+    return isNum(v) ? v.toFixed(2) + (currency ? ' ' + currency : '') : '–';
+  }
+
+  function makeCostRunRow() {
+    return h('tr', null, h('td', { class: 'stage-name cost-pipeline' }), h('td', { class: 'cost-account' }),
+      h('td', { class: 'num cost-on-premise' }), h('td', { class: 'num cost-cloud' }), h('td', { class: 'num cost-gpu-hours' }),
+      h('td', { class: 'num cost-break-even' }), h('td', { class: 'cost-when' }));
+  }
+
+  function updateCostRunRow(row, r) {
+    row.dataset.pipeline = r.pipeline;
+    row.dataset.account = r.account;
+    setText(row.querySelector('.cost-pipeline'), r.pipeline);
+    setText(row.querySelector('.cost-account'), r.account);
+    setText(row.querySelector('.cost-on-premise'), fmtMoney(r.onPremise, r.currency));
+    setText(row.querySelector('.cost-cloud'), fmtMoney(r.cloud, r.currency));
+    setText(row.querySelector('.cost-gpu-hours'), fmtNum(r.hours, 2));
+    const breakEven = row.querySelector('.cost-break-even');
+    setText(breakEven, isNum(r.breakEven) ? fmtPct(r.breakEven * 100) : '–');
+    breakEven.title = isNum(r.breakEven) ? 'owning the GPUs is cheaper than the cloud above this utilisation' : 'no cloud rate, or it never breaks even';
+    const when = row.querySelector('.cost-when');
+    setText(when, fmtAgo(r.ts));
+    when.title = fmtIso(r.ts) + (r.runId ? ' · MLflow run ' + r.runId : '') + (r.host ? ' · ' + r.host : '');
+  }
+
+  function makeCostDayRow() {
+    return h('tr', null, h('td', { class: 'stage-name cost-day' }), h('td', { class: 'num cost-day-on-premise' }),
+      h('td', { class: 'num cost-day-cloud' }));
+  }
+
+  function updateCostDayRow(row, d) {
+    row.dataset.day = String(d.day);
+    row.dataset.currency = d.currency;
+    setText(row.querySelector('.cost-day'), d.day === 0 ? 'last 24 h' : d.day === 1 ? 'the 24 h before' : d.day + ' d ago');
+    setText(row.querySelector('.cost-day-on-premise'), fmtMoney(d.onPremise, d.currency));
+    setText(row.querySelector('.cost-day-cloud'), fmtMoney(d.cloud, d.currency));
+  }
+
+  function makeCostAccountRow() {
+    return h('tr', null, h('td', { class: 'stage-name cost-account' }), h('td', { class: 'num cost-acct-on-premise' }),
+      h('td', { class: 'num cost-acct-cloud' }), h('td', { class: 'num cost-acct-gpu-hours' }), h('td', { class: 'num cost-acct-runs' }));
+  }
+
+  function updateCostAccountRow(row, a) {
+    row.dataset.account = a.name;
+    row.dataset.currency = a.currency;
+    setText(row.querySelector('.cost-account'), a.name);
+    setText(row.querySelector('.cost-acct-on-premise'), fmtMoney(a.onPremise, a.currency));
+    setText(row.querySelector('.cost-acct-cloud'), fmtMoney(a.cloud, a.currency));
+    setText(row.querySelector('.cost-acct-gpu-hours'), fmtNum(a.hours, 2));
+    setText(row.querySelector('.cost-acct-runs'), isNum(a.runs) ? String(Math.round(a.runs)) : '–');
+  }
+
+  function renderCost(model) {
+    const section = document.getElementById('sec-cost');
+    section.hidden = !model.present;
+    if (!model.present) return {};
+    const parts = sectionParts('sec-cost');
+    setNote(parts, '', null);
+    const runs = slurmBlock(parts.list, 'cost-runs', 'Last run per pipeline',
+      slurmTable('cost-table', ['Pipeline', 'Account', 'On premise', 'Cloud', 'GPU-hours', 'Break-even', 'When'], [2, 3, 4, 5]));
+    syncKeyed(runs.querySelector('tbody'), model.runs, (r) => r.key, makeCostRunRow, updateCostRunRow);
+    const days = slurmBlock(parts.list, 'cost-days', 'Per day', slurmTable('cost-table', ['Day', 'On premise', 'Cloud'], [1, 2]));
+    syncKeyed(days.querySelector('tbody'), model.days, (d) => d.key, makeCostDayRow, updateCostDayRow);
+    const noDays = days.querySelector('.note');
+    noDays.hidden = model.days.length > 0;
+    setText(noDays, 'No priced run in the last ' + COST_DAYS + ' days');
+    const accounts = slurmBlock(parts.list, 'cost-accounts', 'Per account · last 30 d',
+      slurmTable('cost-table', ['Account', 'On premise', 'Cloud', 'GPU-hours', 'Runs'], [1, 2, 3, 4]));
+    syncKeyed(accounts.querySelector('tbody'), model.accounts, (a) => a.key, makeCostAccountRow, updateCostAccountRow);
+    const noAccounts = accounts.querySelector('.note');
+    noAccounts.hidden = model.accounts.length > 0;
+    setText(noAccounts, 'No priced run in the last 30 days');
+    return {};
+  }
+
   // ------------------------------------------------------------------ refresh loop
 
   const SECTIONS = [
@@ -1137,6 +1308,7 @@
     { id: 'sec-gpus', load: loadGpus, render: renderGpus },
     { id: 'sec-stages', load: loadStages, render: renderStages },
     { id: 'sec-slurm', load: loadSlurm, render: renderSlurm },
+    { id: 'sec-cost', load: loadCost, render: renderCost },
   ];
 
   function setSectionError(id, message) {
