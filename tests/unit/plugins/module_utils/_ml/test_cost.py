@@ -232,8 +232,8 @@ def test_lines_that_are_not_cost_samples_are_ignored():
 
 def test_counters_never_go_down_over_many_runs():
     text, before = "", {}
-    for n, (hours, account, rates) in enumerate([(1, "a", None), (0, "a", None), (2, "b", {}), (0.5, "a", {}),
-                                                  (3, "", None)]):
+    runs = [(1, "a", None), (0, "a", None), (2, "b", {}), (0.5, "a", {}), (3, "", None)]
+    for n, (hours, account, rates) in enumerate(runs):
         change = {} if rates is None else {"cloud_rates": rates}
         text = cost_textfile(text, _priced(hours, **change), "demo", account, timestamp=n)
         now = {k: v for k, v in _samples(text).items() if k[0].endswith("_total")}
