@@ -23,6 +23,7 @@ import re
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .._core._errors import InvalidInputError
+from ._stage_metrics import escape_label
 
 HOURS_PER_YEAR = 8760.0
 JOULES_PER_KWH = 3.6e6
@@ -200,11 +201,6 @@ _UNESCAPE = re.compile(r"\\(.)")
 Series = Tuple[Tuple[str, str], ...]
 
 
-def escape_label_value(value: str) -> str:
-    """A label value as the text exposition format writes it: backslash, double quote, newline."""
-    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
-
-
 def _unescape(value: str) -> str:
     return _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
 
@@ -328,6 +324,6 @@ def cost_textfile(previous_text: Optional[str], result: Mapping[str, Any], pipel
             continue
         lines += ["# HELP %s %s" % (name, text), "# TYPE %s %s" % (name, kind_of)]
         for series in sorted(families[name]):
-            labels = ",".join('%s="%s"' % (key, escape_label_value(value)) for key, value in series)
+            labels = ",".join('%s="%s"' % (key, escape_label(value)) for key, value in series)
             lines.append("%s{%s} %s" % (name, labels, _format(families[name][series])))
     return "\n".join(lines) + "\n"
