@@ -20,7 +20,7 @@ import yaml
 
 from conftest import ROOT
 from slurm_cluster import Cluster
-from test_pipeline_workers import TRAIN_PARAMS, recap, train_line
+from test_pipeline_workers import TRAIN_PARAMS, play_env, recap, run_pipeline_play, train_line
 from test_train_ddp import torch_python  # noqa: F401  # pylint: disable=unused-import  # the module-scoped torch venv fixture
 
 pytestmark = pytest.mark.integration
@@ -51,14 +51,8 @@ class SlurmLab:
                  "pipeline_train_params": TRAIN_PARAMS, "pipeline_rendezvous_timeout": 120,
                  "pipeline_scheduler": "slurm", "pipeline_slurm_conf": self.cluster.conf,
                  "pipeline_slurm_account": "team-a", "pipeline_slurm_wait_timeout": 300}
-        cmd = [str(BIN / "ansible-playbook"), "-i", str(self.inventory), "playbooks/pipeline.yml",
-               "-e", json.dumps(evars), *extra] + (["--check"] if check else [])
-        env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-                   CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         self.runs += 1
-        proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900, check=False)
-        (self.base / ("play-%d.log" % self.runs)).write_text(proc.stdout + proc.stderr)
-        return proc
+        return run_pipeline_play(self.base / ("play-%d.log" % self.runs), self.inventory, evars, extra, check)
 
     def jobs(self, *states: str) -> list:
         out = self.cluster.slurm("sacct", "--noheader", "--parsable2", "--allocations", "--allusers",
@@ -111,12 +105,11 @@ def test_a_job_left_queued_by_an_interrupted_run_is_waited_for_not_doubled(slurm
     before = {job[0] for job in slurm_lab.jobs()}
     blocker = slurm_lab.cluster.slurm("sbatch", "--parsable", "-A", "team-b", "-N2", "--exclusive", "-J", "other-team",
                                       "--output", "/dev/null", "--wrap", "sleep 600").strip()
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", CUDA_VISIBLE_DEVICES="")
     evars = {"pipeline_python": str(slurm_lab.python), "pipeline_dataset": {"rows": 1200, "features": 8, "seed": 5},
              "pipeline_train_params": TRAIN_PARAMS, "pipeline_scheduler": "slurm", "pipeline_force": True,
              "pipeline_slurm_conf": slurm_lab.cluster.conf, "pipeline_slurm_account": "team-a"}
     play = subprocess.Popen([str(BIN / "ansible-playbook"), "-i", str(slurm_lab.inventory), "playbooks/pipeline.yml",
-                             "-e", json.dumps(evars)], cwd=str(ROOT), env=env, stdout=subprocess.DEVNULL,
+                             "-e", json.dumps(evars)], cwd=str(ROOT), env=play_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300

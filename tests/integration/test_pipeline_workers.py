@@ -34,6 +34,22 @@ TRAIN_PARAMS = {"epochs": 3, "lr": 0.003, "hidden": [16], "dropout": 0.0, "batch
                 "seed": 7, "precision": "auto", "dist_timeout_s": 60}
 
 
+def play_env() -> Dict[str, str]:
+    """ansible-playbook's environment for the pipeline plays: the checkout's ansible.cfg, no GPU."""
+    return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def run_pipeline_play(log: Path, inventory: Path, evars: Dict[str, Any], extra: tuple = (),
+                      check: bool = False) -> subprocess.CompletedProcess:
+    """playbooks/pipeline.yml over ``inventory`` with ``evars``; its output is kept in ``log``."""
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/pipeline.yml",
+           "-e", json.dumps(evars), *extra] + (["--check"] if check else [])
+    proc = subprocess.run(cmd, cwd=str(ROOT), env=play_env(), capture_output=True, text=True, timeout=900, check=False)
+    log.write_text(proc.stdout + proc.stderr)
+    return proc
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -57,14 +73,8 @@ class Lab:
                  "pipeline_train_params": params or TRAIN_PARAMS, "pipeline_mlflow_tracking_uri": self.server.url,
                  "pipeline_mlflow_experiment": self.experiment, "pipeline_rendezvous_port": self.port,
                  "pipeline_rendezvous_timeout": 120}
-        cmd = [str(BIN / "ansible-playbook"), "-i", str(self.inventory), "playbooks/pipeline.yml",
-               "-e", json.dumps(evars), *extra] + (["--check"] if check else [])
-        env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-                   CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         self.runs += 1
-        proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900, check=False)
-        (self.base / ("play-%d.log" % self.runs)).write_text(proc.stdout + proc.stderr)
-        return proc
+        return run_pipeline_play(self.base / ("play-%d.log" % self.runs), self.inventory, evars, extra, check)
 
     def train_runs(self) -> List[Dict[str, Any]]:
         return [r for r in self.server.runs(self.experiment)
