@@ -88,8 +88,8 @@ marker_expr() {
 # tmp_path, playbook and module runs): alone it kept one core busy (386 s, 49 % of the machine),
 # with two pytest-xdist workers it took 208 s; beside the gates and the image build, 356-373 s
 # instead of 470 s. Its failures come sooner; the whole run is not shorter by as much, since the
-# image build it leaves less CPU to ends later (stop 43: inside the integration tier, 573-667 s
-# instead of 556 s; since stop 44 the build is half the work and ends in that tier's first minute).
+# image build it leaves less CPU to ends later (when it took twice the work: inside the integration
+# tier, 573-667 s instead of 556 s; built from one cached debootstrap tree it ends in that tier's first minute).
 tier_args() {
   case "$1" in
     unit) echo "-n 2" ;;

@@ -295,7 +295,7 @@ def run_by_ansible_test(config) -> bool:
 
 
 # Service files that run in the libvirtd session all the same. train_ddp evens out the two
-# sessions' wall times (stop 40's rehearsal: libvirtd files 441 s, service files 656 s, of which
+# sessions' wall times (a CI run from a fresh clone: libvirtd files 441 s, service files 656 s, of which
 # train_ddp took 111 s). dashboard_browser must not run beside the libvirtd files: the bridges
 # their networks add and remove make Chromium abort its requests (net::ERR_NETWORK_CHANGED, seen
 # in a rehearsal). Safe that way round: they never talk to libvirtd, so its restarts cannot

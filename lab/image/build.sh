@@ -190,7 +190,7 @@ mkdir -p "$CACHE" "$ROOTFS"
 # tar keyed by what debootstrap was given and written under its own lock. A variant's extra
 # packages then go into a copy of that tree with apt-get in a chroot: the GPU host's 9 (97 with
 # their dependencies) took 7 s there on an idle machine, where a debootstrap of its own took 184 s
-# and the lab's ml image 232 s (stop 43's rehearsal, beside the unit tier), most of it dpkg
+# and the lab's ml image 232 s (a CI run from a fresh clone, beside the unit tier), most of it dpkg
 # setting up the base packages once more.
 BASE_PACKAGES="$(base_packages | sort -u | paste -sd, -)"
 ROOTFS_KEY="$(printf 'suite=%s mirror=%s packages=%s debootstrap=%s\n' "$SUITE" "$MIRROR" "$BASE_PACKAGES" \

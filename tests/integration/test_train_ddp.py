@@ -278,7 +278,7 @@ def test_a_dead_rank_fails_the_run(train) -> None:
 
 def test_rank_zero_may_finish_after_the_collective_timeout(train) -> None:
     """The ranks leave through a barrier bounded by dist_finish_timeout_s: rank 1 waits there
-    longer than dist_timeout_s while rank 0 saves (stage-train failure of the lab, stop 27)."""
+    longer than dist_timeout_s while rank 0 saves (a stage-train failure once seen in the lab)."""
     params = dict(PARAMS, epochs=2, dist_timeout_s=15)
     run = train(nproc=2, params=params, WRAP_SLOW_METRICS_S="30")
     assert run.rc == 0, run.tail()
