@@ -294,13 +294,16 @@ def run_by_ansible_test(config) -> bool:
     return config.pluginmanager.has_plugin("ansible_pytest_collections")
 
 
-# Service files that run in the libvirtd session all the same. train_ddp evens out the two
-# sessions' wall times (a CI run from a fresh clone: libvirtd files 441 s, service files 656 s, of which
-# train_ddp took 111 s). dashboard_browser must not run beside the libvirtd files: the bridges
-# their networks add and remove make Chromium abort its requests (net::ERR_NETWORK_CHANGED, seen
-# in a rehearsal). Safe that way round: they never talk to libvirtd, so its restarts cannot
-# touch them.
-BALANCED_INTO_LIBVIRTD_SESSION = ("test_train_ddp.py", "test_dashboard_browser.py")
+# Service files that run in the libvirtd session all the same, to even out the two sessions' wall
+# times. From the junit files of a CI run from a fresh clone: the libvirtd files took 665 s of
+# tests, the service files 1134 s, of which the Slurm roles 221 s and accounts 53 s; moving those
+# two makes the halves about 940 s and 860 s. dashboard_browser must not run beside the libvirtd
+# files: the bridges their networks add and remove make Chromium abort its requests
+# (net::ERR_NETWORK_CHANGED, seen in a CI run). Safe that way round: the moved files never talk
+# to libvirtd, so its restarts cannot touch them, and the Slurm cluster's own bridge (a free
+# 10.250.N.0/24, tests/slurm_cluster.py) is gone before the next libvirtd file starts.
+BALANCED_INTO_LIBVIRTD_SESSION = ("test_train_ddp.py", "test_dashboard_browser.py",
+                                  "test_slurm_roles.py", "test_slurm_accounts.py")
 
 
 def mark_libvirtd_files(items) -> None:
