@@ -144,74 +144,15 @@ vfio:
   type: dict
 '''
 
-from typing import Any, Dict, List
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci import PciDevice, PciScanner
-from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci_select import index_among_twins
-from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import Roots, list_dir, roots_argspec
-
-
-class PciInfoRunner:
-    def __init__(self, module: AnsibleModule, scanner: PciScanner) -> None:
-        self.module = module
-        self.scanner = scanner
-
-    def run(self) -> Dict[str, Any]:
-        devices = self.scanner.devices()
-        iommu = self.scanner.iommu()
-        records = {address: PciDevice.from_info(info) for address, info in devices.items()}
-        gpus: List[Dict[str, Any]] = []
-        for address, info in devices.items():
-            if not info["is_gpu"]:
-                continue
-            gpu = dict(info)
-            # The same GPU in the selector grammar of vfio_pci, domain and gpu_hostdev: it stays
-            # right when addresses change (another slot, a firmware update renumbering buses).
-            gpu["selector"] = {"vendor": info["vendor_id"], "device": info["device_id"],
-                               "index": index_among_twins(address, records), "include_functions": True}
-            gpu["passthrough"] = self.scanner.passthrough(address, devices, iommu)
-            if self.module.params["check_usage"]:
-                gpu["in_use"] = self.scanner.usage(address)
-            gpus.append(gpu)
-        listed = list(devices.values())
-        if self.module.params["gpus_only"]:
-            wanted = {g["address"] for g in gpus}
-            for gpu in gpus:
-                wanted.update(gpu["passthrough"]["group_members"])
-                wanted.update(gpu["functions"])
-            listed = [d for d in listed if d["address"] in wanted]
-        vfio_dir = self.scanner.roots.sys("bus", "pci", "drivers", "vfio-pci")
-        return {
-            "changed": False,
-            "devices": listed,
-            "gpus": gpus,
-            "iommu": iommu,
-            "vfio": {
-                "driver_loaded": bool(list_dir(vfio_dir)),
-                "devices": sorted(a for a, d in devices.items() if d["driver"] == "vfio-pci"),
-            },
-        }
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._pci_info import argument_spec, run_pci_info
 
 
 def main() -> None:
-    module = new_module(
-        AnsibleModule,
-        argument_spec=dict(
-            **roots_argspec("sysfs_root", "proc_root"),
-            gpus_only=dict(type="bool", default=False),
-            check_usage=dict(type="bool", default=True),
-        ),
-        supports_check_mode=True,
-    )
-
-    def runner() -> Dict[str, Any]:
-        roots = Roots(module.params["sysfs_root"], module.params["proc_root"])
-        return PciInfoRunner(module, PciScanner(roots)).run()
-
-    run(module, runner)
+    module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True)
+    run(module, lambda: run_pci_info(module))
 
 
 if __name__ == "__main__":
