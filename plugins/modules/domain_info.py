@@ -110,95 +110,17 @@ domains:
       stats: {cpu_time_ns: 1203000000, memory_actual_kib: 33554432, block: [{target: vda, rd_bytes: 1024, wr_bytes: 0}]}
 '''
 
-from typing import Any, Dict, List
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_read import (
-    ACTIVE_STATES, interfaces_with_addresses, read_sizes)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_service import DomainService, lease_map
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_spec import (
-    hostdev_addresses, read_cdroms, read_disks, read_metadata)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
-
-
-class DomainInfoRunner:
-    def __init__(self, module: AnsibleModule, service: DomainService) -> None:
-        self.params = module.params
-        self.service = service
-        self.conn = service.conn
-
-    def run(self) -> Dict[str, Any]:
-        name = self.params.get("name")
-        if name:
-            dom = self.service.lookup(object_name("name", name))
-            doms = [dom] if dom is not None else []
-        else:
-            doms = call("listing domains", self.conn.listAllDomains, 0)
-        stats = self.all_stats(doms) if self.params["stats"] and doms else {}
-        leases = lease_map(self.conn) if doms else {}
-        out = [self.describe(dom, stats.get(dom.UUIDString(), {}), leases) for dom in doms]
-        return {"changed": False, "exists": bool(doms) if name else bool(out),
-                "domains": sorted(out, key=lambda d: d["name"])}
-
-    def all_stats(self, doms: List[Any]) -> Dict[str, Dict[str, Any]]:
-        """Statistics of all domains in one call (inactive domains report no values)."""
-        wanted = (libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL
-                  | libvirt.VIR_DOMAIN_STATS_BALLOON | libvirt.VIR_DOMAIN_STATS_BLOCK)
-        found = call("reading domain statistics", self.conn.domainListGetStats, doms, wanted, 0)
-        return {dom.UUIDString(): values for dom, values in found}
-
-    def describe(self, dom: Any, raw: Dict[str, Any], leases: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
-        state, reason = self.service.state_and_reason(dom)
-        active = state in ACTIVE_STATES
-        # The live XML when running (hot-plugged devices, live vCPUs), the persistent otherwise.
-        root = self.service.live_root(dom) if active else self.service.inactive_root(dom)
-        agent: Dict[str, List[Dict[str, Any]]] = {}
-        if active and self.params["guest_agent"]:
-            for addr in self.service.agent_addresses(dom, root):
-                agent.setdefault(addr["mac"], []).append(addr)
-        interfaces = interfaces_with_addresses(root, leases, agent)
-        disks = [dict(d, device="disk") for d in read_disks(root)] + \
-                [dict(d, device="cdrom") for d in read_cdroms(root)]
-        persistent = bool(call("reading %s" % dom.name(), dom.isPersistent))
-        return {
-            "name": dom.name(), "uuid": dom.UUIDString(), "state": state, "state_reason": reason,
-            "persistent": persistent,
-            "autostart": self.service.autostart(dom) if persistent else False,
-            **read_sizes(root),
-            "interfaces": interfaces, "disks": disks, "hostdevs": hostdev_addresses(root),
-            "metadata": read_metadata(root),
-            "stats": self.stats(raw) if active and self.params["stats"] else {},
-        }
-
-    @staticmethod
-    def stats(raw: Dict[str, Any]) -> Dict[str, Any]:
-        blocks = []
-        for index in range(int(raw.get("block.count", 0))):
-            key = "block.%d." % index
-            blocks.append({"target": raw.get(key + "name"), "rd_bytes": raw.get(key + "rd.bytes", 0),
-                           "wr_bytes": raw.get(key + "wr.bytes", 0)})
-        return {"cpu_time_ns": raw.get("cpu.time"), "memory_actual_kib": raw.get("balloon.current"),
-                "memory_rss_kib": raw.get("balloon.rss"), "block": blocks}
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_info import argument_spec, run_domain_info
 
 
 def main() -> None:
-    spec = dict(name=dict(type="str"), guest_agent=dict(type="bool", default=True),
-                stats=dict(type="bool", default=True))
-    spec.update(LIBVIRT_ARGSPEC)
-    module = new_module(AnsibleModule, argument_spec=spec, supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True)
     fail_without_lxml(module)
-
-    def runner() -> Dict[str, Any]:
-        # Read-write: the persistent XML with SECURE is not offered to read-only connections.
-        with Connection(module.params["uri"]) as connection:
-            service = DomainService(connection.conn, connection.uri)
-            return DomainInfoRunner(module, service).run()
-
-    run(module, runner)
+    run(module, lambda: run_domain_info(module))
 
 
 if __name__ == "__main__":

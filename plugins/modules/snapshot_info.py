@@ -105,54 +105,17 @@ domain_state:
   sample: shutoff
 '''
 
-from typing import Any, Dict
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _snapshot as S
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import LIBVIRT_ARGSPEC, Connection
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._validate import object_name
-
-
-class SnapshotInfoRunner:
-    def __init__(self, module: AnsibleModule, service: S.SnapshotService) -> None:
-        self.params = module.params
-        self.service = service
-
-    def run(self) -> Dict[str, Any]:
-        domain = object_name("domain", self.params["domain"])
-        name = self.params["name"]
-        if name is not None:
-            object_name("name", name)
-        dom = S.load_domain(self.service, domain)
-        snapshots, current = S.listing(self.service, dom)
-        snapshot = None
-        if name is not None:
-            snapshot = next((s for s in snapshots if s["name"] == name), None)
-            if snapshot is None:
-                raise InvalidInputError("name", name, "is not a snapshot of domain %s" % domain,
-                                        "pick one of: %s" % (", ".join(s["name"] for s in snapshots) or "(none)"))
-        return {"changed": False, "snapshot": snapshot, "snapshots": snapshots, "current": current,
-                "domain_state": self.service.domain_state(dom)}
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._snapshot_info import argument_spec, run_snapshot_info
 
 
 def main() -> None:
-    argument_spec: Dict[str, Any] = dict(
-        domain=dict(type="str", required=True),
-        name=dict(type="str"),
-    )
-    argument_spec.update(LIBVIRT_ARGSPEC)
-    module = new_module(AnsibleModule, argument_spec=argument_spec, supports_check_mode=True)
+    module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True)
     fail_without_lxml(module)
-
-    def runner() -> Dict[str, Any]:
-        with Connection(module.params["uri"]) as conn:
-            return SnapshotInfoRunner(module, S.SnapshotService(conn.conn)).run()
-
-    run(module, runner)
+    run(module, lambda: run_snapshot_info(module))
 
 
 if __name__ == "__main__":
