@@ -211,43 +211,15 @@ actions_left:
   elements: str
 '''
 
-from typing import Any, Dict
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._mlflow_user import (
-    PERMISSIONS, MlflowUserManager, MlflowUserService, UserSpec)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._mlflow_user import REQUIRED_IF, argument_spec, run_mlflow_user
 
 
 def main() -> None:
-    argument_spec: Dict[str, Any] = dict(
-        tracking_uri=dict(type="str", required=True),
-        admin_username=dict(type="str", required=True),
-        admin_password=dict(type="str", required=True, no_log=True),
-        name=dict(type="str", required=True),
-        password=dict(type="str", no_log=True),
-        update_password=dict(type="str", default="always", choices=["always", "on_create"], no_log=False),
-        state=dict(type="str", default="present", choices=["present", "absent"]),
-        is_admin=dict(type="bool", default=False),
-        experiment_permissions=dict(type="list", elements="dict", default=[], options=dict(
-            experiment=dict(type="str", required=True),
-            permission=dict(type="str", default="EDIT", choices=list(PERMISSIONS)),
-        )),
-        create_experiments=dict(type="bool", default=True),
-        purge_experiment_permissions=dict(type="bool", default=False),
-        timeout=dict(type="float", default=30),
-        validate_certs=dict(type="bool", default=True),
-        ca_path=dict(type="path"),
-    )
-    module = new_module(AnsibleModule, argument_spec=argument_spec, supports_check_mode=True,
-                        required_if=[("state", "present", ["password"])])
-
-    def runner() -> Dict[str, Any]:
-        spec = UserSpec.from_params(module.params)
-        return MlflowUserManager(spec, MlflowUserService(spec), module.check_mode).run()
-
-    run(module, runner)
+    module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True, required_if=REQUIRED_IF)
+    run(module, lambda: run_mlflow_user(module))
 
 
 if __name__ == "__main__":

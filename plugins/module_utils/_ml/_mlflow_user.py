@@ -6,7 +6,9 @@
 Three layers, as in the other modules: :class:`UserSpec` validates the options before any
 call; :class:`MlflowUserService` is the only code that talks to the tracking server (as its
 admin); :class:`MlflowUserManager` reads the user, compares it with the spec through the
-difference tracker and performs the planned actions, unless in check mode.
+difference tracker and performs the planned actions, unless in check mode. The module's
+options (:func:`argument_spec`) and :func:`run_mlflow_user`, which joins the three, are here too,
+so the module file holds only its documentation and main().
 
 What MLflow 3's auth app offers and this module relies on:
 - ``users/get``, ``users/create``, ``users/update-password``, ``users/update-admin`` and
@@ -309,3 +311,37 @@ class MlflowUserManager:
             return {"exists": False}
         return {"exists": True, "is_admin": state.is_admin,
                 "experiment_permissions": dict(sorted((names[eid], perm) for eid, perm in state.grants.items()))}
+
+
+# -- the module ----------------------------------------------------------------------------------
+
+# A password is what a present user is created or checked with; absent deletes without one.
+REQUIRED_IF = [("state", "present", ["password"])]
+
+
+def argument_spec() -> Dict[str, Any]:
+    return dict(
+        tracking_uri=dict(type="str", required=True),
+        admin_username=dict(type="str", required=True),
+        admin_password=dict(type="str", required=True, no_log=True),
+        name=dict(type="str", required=True),
+        password=dict(type="str", no_log=True),
+        update_password=dict(type="str", default="always", choices=["always", "on_create"], no_log=False),
+        state=dict(type="str", default="present", choices=["present", "absent"]),
+        is_admin=dict(type="bool", default=False),
+        experiment_permissions=dict(type="list", elements="dict", default=[], options=dict(
+            experiment=dict(type="str", required=True),
+            permission=dict(type="str", default="EDIT", choices=list(PERMISSIONS)),
+        )),
+        create_experiments=dict(type="bool", default=True),
+        purge_experiment_permissions=dict(type="bool", default=False),
+        timeout=dict(type="float", default=30),
+        validate_certs=dict(type="bool", default=True),
+        ca_path=dict(type="path"),
+    )
+
+
+def run_mlflow_user(module: Any) -> Dict[str, Any]:
+    """Validate the options (before any call), then converge the user on the server."""
+    spec = UserSpec.from_params(module.params)
+    return MlflowUserManager(spec, MlflowUserService(spec), module.check_mode).run()
