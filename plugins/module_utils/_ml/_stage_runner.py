@@ -998,3 +998,8 @@ def _summary_line(reasons: List[str], frozen: bool, key: str, inputs: Dict[str, 
         return "; ".join(reasons)
     return ("up to date: key %s matches the lock (command, %d deps, params, code and %d outs unchanged)"
             % (key[:12], len(inputs.get("deps") or ()), len(outs or ())))
+
+
+def run_ml_stage(module: Any) -> Dict[str, Any]:
+    """The module's one call: the options checked and completed once (StageSpec), then the run."""
+    return StageRunner(StageSpec(module.params), module.check_mode, module._diff, module.warn).run()

@@ -21,6 +21,70 @@ from ._stage_mps import MPS_ENV, MpsSpec
 from ._stage_sign import MIN_KEY_LENGTH
 from .._core._validate import ca_file, object_name
 
+# The module's argument spec, declared once beside the checks that complete it (the module's
+# DOCUMENTATION states the same options; test_ml_stage holds the two together).
+ARGUMENT_SPEC = dict(
+    name=dict(type="str", required=True),
+    chdir=dict(type="path", required=True),
+    cmd=dict(type="raw", required=True),
+    env=dict(type="dict", default={}),
+    secret_env=dict(type="dict", default={}, no_log=True),
+    runtime_env=dict(type="dict", default={}),
+    launcher=dict(type="list", elements="str", default=[]),
+    deps=dict(type="list", elements="raw", default=[]),
+    ignore=dict(type="list", elements="str", default=[]),
+    params=dict(type="raw", default={}),
+    params_file=dict(type="path"),
+    outs=dict(type="list", elements="str", default=[]),
+    allow_outs_outside_chdir=dict(type="bool", default=False),
+    clean_outs=dict(type="bool", default=False),
+    metrics_file=dict(type="path"),
+    code=dict(type="dict", options=dict(
+        paths=dict(type="list", elements="str"),
+        git=dict(type="raw"),
+        python=dict(type="raw"),
+    )),
+    force=dict(type="bool", default=False),
+    frozen=dict(type="bool", default=False),
+    salt=dict(type="str", default=""),
+    timeout=dict(type="float", default=0),
+    lock_timeout=dict(type="float", default=0),
+    leftover_processes=dict(type="str", default="fail", choices=["fail", "wait", "kill"]),
+    state_dir=dict(type="path", default=".ml_stage"),
+    hash_algorithm=dict(type="str", default="auto",
+                        choices=["auto", "xxh3_128", "blake3", "sha256", "md5"]),
+    tail_lines=dict(type="int", default=40),
+    metrics_textfile_dir=dict(type="path"),
+    metrics_labels=dict(type="dict", default={}),
+    mlflow=dict(type="dict", options=dict(
+        tracking_uri=dict(type="str", required=True),
+        experiment=dict(type="str", default="Default"),
+        run_name=dict(type="str"),
+        tags=dict(type="dict", default={}),
+        # The password and token are no_log; the user name is not, on purpose: Ansible masks
+        # a no_log value wherever it appears, and a short user name would garble every message.
+        credentials=dict(type="dict", no_log=False, options=dict(
+            username=dict(type="str", no_log=False),
+            password=dict(type="str", no_log=True),
+            token=dict(type="str", no_log=True),
+        )),
+        optional=dict(type="bool", default=False),
+        reuse=dict(type="bool", default=False),
+        upload_outs=dict(type="bool"),
+        signing_key=dict(type="str", no_log=True),
+        reuse_pins=dict(type="dict"),
+        timeout=dict(type="float", default=30),
+        validate_certs=dict(type="bool", default=True),
+        ca_path=dict(type="path"),
+    )),
+    mps=dict(type="dict", options=dict(
+        pipe_directory=dict(type="path", required=True),
+        log_directory=dict(type="path"),
+        active_thread_percentage=dict(type="int"),
+        pinned_device_mem_limit=dict(type="str"),
+    )),
+)
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SCALARS = (str, int, float, bool)
 RESERVED_ENV = ("ML_STAGE_NAME", "ML_STAGE_KEY", "ML_STAGE_PARAMS", "ML_STAGE_RUN_TOKEN")

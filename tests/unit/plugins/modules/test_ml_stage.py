@@ -518,7 +518,7 @@ def test_ansible_doc_matches_the_argument_spec() -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)["mlinfra.kvm.ml_stage"]
     sys.path.insert(0, str(COLLECTIONS))
-    from ansible_collections.mlinfra.kvm.plugins.modules.ml_stage import ARGUMENT_SPEC
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_spec import ARGUMENT_SPEC
 
     def check(options: Dict[str, Any], spec: Dict[str, Any], where: str) -> None:
         assert set(options) == set(spec), where
