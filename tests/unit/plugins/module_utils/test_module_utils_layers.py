@@ -51,3 +51,46 @@ def test_a_layer_imports_only_what_it_may(layer):
              for line, other in layer_imports(path)
              if other != layer and other not in ALLOWED[layer]]
     assert not wrong, "layer %s may import only %s: %s" % (layer, sorted(ALLOWED[layer]) or "no other layer", wrong)
+
+
+# -- the module files: docs and a main() --------------------------------------------------------
+# A module file is its documentation, its imports and a main() that builds the AnsibleModule and
+# hands it to a runner in module_utils (plugins/modules/network.py). The most main() needs today is
+# 13 code lines (domain: a connection and a runner); 20 leaves room without letting logic back in.
+MODULES = Path(ROOT) / "plugins" / "modules"
+DOC_STRINGS = {"DOCUMENTATION", "EXAMPLES", "RETURN"}
+MOST_CODE_LINES = 20
+
+
+def code_lines(tree: ast.Module, source: str) -> int:
+    """Non-blank, non-comment lines of ``source`` outside its docs strings and its docstring."""
+    lines = source.splitlines()
+    counted = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and {getattr(t, "id", "") for t in node.targets} & DOC_STRINGS:
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        counted.update(n for n in range(node.lineno, node.end_lineno + 1)
+                       if lines[n - 1].strip() and not lines[n - 1].strip().startswith("#"))
+    return len(counted)
+
+
+@pytest.mark.parametrize("path", sorted(MODULES.glob("*.py")), ids=lambda p: p.stem)
+def test_a_module_file_is_docs_and_a_main(path):
+    source = path.read_text()
+    tree = ast.parse(source, str(path))
+    defined = [node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert defined == ["main"], "%s defines %s: a module file holds one main(); put runners, services and " \
+        "helpers in their layer under plugins/module_utils/" % (path.name, defined)
+    assert code_lines(tree, source) <= MOST_CODE_LINES, "%s has %d code lines outside its docs; main() needs at " \
+        "most %d: move the rest (argument spec, logic) beside its runner" % (path.name, code_lines(tree, source), MOST_CODE_LINES)
+    assert "noqa: E402" not in source, "%s: imports go after the docs strings, not below code" % path.name
+
+
+def test_the_code_line_count_sees_logic(tmp_path):
+    """The rule above can fail: a file with a helper function and a class is caught."""
+    source = "DOCUMENTATION = ''\nclass Runner:\n    pass\n\n\ndef helper():\n    return 1\n\n\ndef main():\n    helper()\n"
+    tree = ast.parse(source)
+    assert code_lines(tree, source) == 6
+    assert [n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))] == ["Runner", "helper", "main"]
