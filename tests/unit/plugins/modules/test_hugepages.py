@@ -16,7 +16,7 @@ if str(COLLECTIONS) not in sys.path:  # the in-process tests import the module i
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import KvmError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import Roots  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.modules.hugepages import HugepagesRunner, HugepagesService  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._host._hugepages import HugepagesRunner, HugepagesService  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -166,3 +166,29 @@ def test_short_grant_strict_fails(tree: SysfsTree) -> None:
     with pytest.raises(KvmError) as err:
         HugepagesRunner(module, StingyKernel(Roots(**tree.roots()), 5)).run()
     assert "granted 5 of 8" in err.value.msg and err.value.details["changed"] is True
+
+
+class ReadOnlyEtc(HugepagesService):
+    """nr_hugepages can be set, the sysctl.d file cannot be written."""
+
+    def write(self, path: str, content: Any) -> None:
+        raise KvmError("cannot write %s: read-only file system" % path, path=path)
+
+
+def test_sysctl_write_failing_after_the_count_is_a_partial_change(tree: SysfsTree) -> None:
+    module = FakeModule(params(tree, size="2M", count=16))
+    with pytest.raises(KvmError) as err:
+        HugepagesRunner(module, ReadOnlyEtc(Roots(**tree.roots()))).run()
+    nr_path = tree.sys / "kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"
+    assert nr(tree, 2048) == "16" and not sysctl(tree).exists()
+    assert err.value.details["changed"] is True
+    assert err.value.details["actions"] == ["set %s to 16" % nr_path]
+    assert err.value.details["failed_action"] == "write %s" % sysctl(tree)
+    assert err.value.msg == "cannot write %s: read-only file system (already done: set %s to 16)" % (sysctl(tree), nr_path)
+
+
+def test_check_mode_predicts_a_full_grant_and_writes_nothing(tree: SysfsTree) -> None:
+    module = FakeModule(params(tree, size="2M", count=16), check_mode=True)
+    result = HugepagesRunner(module, ReadOnlyEtc(Roots(**tree.roots()))).run()
+    assert result["changed"] is True and result["granted"] == 16 and result["fully_granted"] is True
+    assert nr(tree, 2048) == "0" and not sysctl(tree).exists() and module.warnings == []
