@@ -151,6 +151,10 @@ def test_update_grub_failure_says_what_was_written_and_what_failed(debian: Sysfs
     marker = str(debian.etc / "default" / "grub.d" / ".90-mlinfra-kvm.update-grub-pending")
     assert result["written"] == [marker, str(dropin(debian))], result
     assert result["cmd"] == [str(flaky)] and result["rc"] == 7 and "broken on purpose" in result["stderr"]
+    # The partial change as every runner reports it: what was done, and the action that failed.
+    assert result["actions"] == ["write %s" % marker, "write %s" % dropin(debian)], result
+    assert result["failed_action"] == "run %s" % flaky, result
+    assert result["msg"].endswith("(already done: write %s; write %s)" % (marker, dropin(debian))), result
 
 
 def test_a_missing_update_grub_is_named_and_the_write_reported(debian: SysfsTree) -> None:
