@@ -31,7 +31,7 @@ MAX_DEFAULT = 72  # characters of a default's rendering before it is shortened
 SHORT_DESCRIPTION = 160  # a description up to this long is shown whole, a longer one by its first sentence
 MAX_SENTENCE = 300  # a first sentence longer than this is cut at a word
 OPEN_MARKUP = re.compile(r"\b[BCEIMOPUVL]\([^()]*$")
-MARKUP = re.compile(r"\b([BCEIMOPUVL])\(([^()]*)\)")
+MARKUP = re.compile(r"\b([BCEIMOPUVL])\(((?:[^()]|\([^()]*\))*)\)")  # one level of parentheses inside
 SENTENCE_END = re.compile(r"[.!?]\s+(?=[A-Z0-9\"'(`])")
 ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.")
 PLAIN_SPECIAL = re.compile(r"([\\`*<>\[\]]|(?<!\w)_|_(?!\w))")
