@@ -17,7 +17,7 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 	slurmctld slurmd slurmdbd slurm-client munge mariadb-server
 
 .PHONY: help setup apt venv vendor daemons test test-unit test-gates test-integration test-vm test-container test-lab test-molecule test-gpu-host \
-	image lab teardown bench build clean sanity units lint changelog docs
+	image lab teardown bench build clean sanity units lint changelog docs role-readmes
 
 help:
 	@echo "make setup             install Debian packages, create .venv, start libvirtd/virtlogd"
@@ -40,6 +40,7 @@ help:
 	@echo "make lint              ansible-lint --profile production and antsibull-changelog lint (in the unit tier)"
 	@echo "make changelog         CHANGELOG.rst from changelogs/ (antsibull-changelog generate)"
 	@echo "make docs              HTML docs of every module, plugin and role in .cache/docs/html (antsibull-docs, Sphinx -W)"
+	@echo "make role-readmes      the variable tables of roles/*/README.md from their meta/argument_specs.yml"
 
 setup: apt venv vendor daemons
 
@@ -124,6 +125,10 @@ build: venv vendor  # the tarball carries the dashboard's chart library (git-ign
 
 docs: venv
 	@scripts/docs.sh
+
+# The unit tier (tests/unit/test_role_readmes.py) fails when a spec changed without its README.
+role-readmes: venv
+	@$(PY) scripts/role_readme.py
 
 sanity: venv
 	@scripts/sanity.sh
