@@ -25,7 +25,7 @@ from ._domain_spec import (
 from .._core._errors import ConflictError, InvalidInputError, KvmError
 from .._core._host_lock import local_object_lock
 from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt
-from ._resource_list import ResourceKind, read_listed
+from ._resource_list import ResourceKind, list_call_cache, read_listed
 from .._core._validate import object_name
 from .._core._xml import parse, to_string
 
@@ -349,7 +349,7 @@ def run_domain(module: AnsibleModule, conn: Any, local: bool, replace: bool = Fa
 
 def _run_locked_domain(module: AnsibleModule, conn: Any, replace: bool) -> Dict[str, Any]:
     service = DomainService(conn, module.params["uri"], module.params["sysfs_root"])
-    shared = getattr(module, "shared", None)  # a domains list: one PCI scan for the whole call
+    shared = list_call_cache(module)  # a domains list: one PCI scan for the whole call
     if shared is not None:
         service.share_pci(shared.setdefault(("pci", module.params["sysfs_root"]), service.pci()))
     return DomainRunner(module, service, replace=replace).run()

@@ -21,7 +21,7 @@ from ._libvirt_guards import (IP_TIMEOUT_S, host_addresses, host_routes, network
 from ._network_leftovers import Leftovers
 from .._core._validate import (int_range, ipv4_address, mac_address, object_name, plain_texts)
 from ._fields import LIVE, RESTART, Field, changed_with, compare, keys_with_change, option_specs
-from ._resource_list import ItemModule, ResourceKind, read_listed
+from ._resource_list import ItemModule, ResourceKind, list_call_cache, read_listed
 from .._core import _xml as X
 
 # A network's fields, declared once: the options each is made from (with their argument spec
@@ -536,13 +536,13 @@ class NetworkRunner(ObjectRunner):
 
     def predictions(self) -> Optional[Dict[str, Optional[Dict[str, Any]]]]:
         """name -> the network an earlier item of this check pass leaves (None: removed)."""
-        shared = getattr(self.module, "shared", None)
+        shared = list_call_cache(self.module)
         return None if shared is None else shared.setdefault(("network", "check pass"), {})
 
     def removed_bridges(self) -> List[str]:
         """Bridges of networks an earlier item of this check pass removes: still host interfaces
         now, gone by the time this item runs for real."""
-        shared = getattr(self.module, "shared", None)
+        shared = list_call_cache(self.module)
         if not self.check or shared is None:
             return []
         return shared.setdefault(("network", "check pass removed bridges"), [])

@@ -156,6 +156,12 @@ class ItemModule:
         return self._cache[key]
 
 
+def list_call_cache(module: Any) -> Optional[Dict[str, Any]]:
+    """What a list call keeps for all its items (a domain list's PCI scan, a network list's check
+    pass predictions); None for a single module's own call, which has nothing to share."""
+    return module.shared if isinstance(module, ItemModule) else None
+
+
 class ListRun:
     """One call of a list module: plan, check every item, apply, report."""
 

@@ -610,6 +610,7 @@ def test_a_domains_list_reads_the_host_pci_devices_once(tmp_path, monkeypatch):
     import libvirt
     from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _domain
     from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _domain_pci
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._resource_list import ItemModule
     scans = []
     real_devices = _domain_pci.SysfsPci.devices
 
@@ -624,9 +625,10 @@ def test_a_domains_list_reads_the_host_pci_devices_once(tmp_path, monkeypatch):
     shared: Dict[str, Any] = {}
     try:
         for index, hostdevs in enumerate(([], [{"address": "0000:01:00.0"}], [{"address": "0000:01:00.1"}])):
-            module = FakeModule({"name": "pci-share-%d" % index, "uri": "test:///default", "sysfs_root": sysfs,
-                                 "virt_type": "qemu", "memory": "64M", "vcpus": 1, "hostdevs": hostdevs}, check=True)
-            module.shared = shared
+            params = {"name": "pci-share-%d" % index, "uri": "test:///default", "sysfs_root": sysfs,
+                      "virt_type": "qemu", "memory": "64M", "vcpus": 1, "hostdevs": hostdevs}
+            single = FakeModule(params, check=True)  # the params completed with the defaults
+            module = ItemModule(single, single.params, True, "config[%d]" % index, {}, shared)
             assert _domain.run_domain(module, conn, True)["changed"] is True
             assert len(scans) == (0 if index == 0 else 1), scans
     finally:
