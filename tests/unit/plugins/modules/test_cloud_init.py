@@ -7,11 +7,13 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 import yaml
 
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _cloudinit as C
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._cloudinit_runner import SeedRunner
 from conftest import four_ways
 
 pytestmark = [
@@ -229,3 +231,61 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, run_module, case: str, args:
     assert result["msg"].startswith("option %s:" % option), result["msg"]
     assert fix in result["msg"], result["msg"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "nothing may be written on bad input"
+
+
+# -- the runner on a stub service: check mode decides as a real run and calls no side effect -------
+class FakeModule:
+    def __init__(self, params: Dict[str, Any]) -> None:
+        self.params = dict({"state": "present", "user_data": USER_DATA, "meta_data": None, "instance_id": "i-1",
+                            "network_config": None, "force": False}, **params)
+        self.check_mode = True
+        self._diff = False
+
+
+class StubSeed:
+    """A seed at /seeds/seed.iso with the given mode and ISO identifiers, whose side effects
+    fail the test when called."""
+
+    def __init__(self, mode: Optional[int], ids: Optional[Dict[str, str]] = None) -> None:
+        self.mode, self.ids = mode, ids
+
+    @staticmethod
+    def is_dir(path: str) -> bool:
+        return path == "/seeds"
+
+    def file_mode(self, path: str) -> Optional[int]:
+        return self.mode
+
+    @staticmethod
+    def size(path: str) -> int:
+        return 374784
+
+    def iso_ids(self, path: str) -> Optional[Dict[str, str]]:
+        return self.ids
+
+    def build(self, *args: Any) -> None:
+        raise AssertionError("check mode built the seed")
+
+    def chmod(self, *args: Any) -> None:
+        raise AssertionError("check mode changed the seed's mode")
+
+    def remove(self, *args: Any) -> None:
+        raise AssertionError("check mode removed the seed")
+
+
+def current_seed_ids() -> Dict[str, str]:
+    """The identifiers of a seed built from FakeModule's request (its hash in the appid)."""
+    files, _iid = C.render_seed(USER_DATA, None, None, "i-1")
+    return {"volume_id": C.VOLUME_ID, "application_id": C.appid_for(C.content_hash(files))}
+
+
+@pytest.mark.parametrize("state, mode, ids, actions", [
+    ("present", None, None, ["build seed ISO"]),
+    ("present", 0o644, "current", ["chmod 0600"]),
+    ("present", 0o600, "current", []),
+    ("absent", 0o600, None, ["remove seed ISO"]),
+])
+def test_check_mode_calls_no_side_effect(state: str, mode: Optional[int], ids: Optional[str], actions: List[str]) -> None:
+    stub = StubSeed(mode, current_seed_ids() if ids == "current" else None)
+    got = SeedRunner(FakeModule({"dest": "/seeds/seed.iso", "state": state}), stub).run()
+    assert got["actions"] == actions and got["changed"] is bool(actions), got
