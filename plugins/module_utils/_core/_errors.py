@@ -39,6 +39,10 @@ class ConflictError(KvmError):
     """A request that contradicts the existing state (and no opt-in was given)."""
 
 
+class ValidationFailedError(KvmError):
+    """A file's validate command refused its new content; the file was left as it was."""
+
+
 class LibvirtCallError(KvmError):
     """libvirt refused a call; carries its error code, domain and message."""
 

@@ -2,6 +2,7 @@
 change reported as changed, metadata-only changes, and input refused before any write."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
@@ -11,6 +12,8 @@ from typing import Any, Dict, List
 import pytest
 
 
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._config_files import ConfigFilesRunner, ConfigFilesService
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import KvmError
 from conftest import four_ways, run_module_process  # noqa: E402
 
 pytestmark = pytest.mark.unit
@@ -249,3 +252,74 @@ def test_a_validate_command_that_hangs_is_killed_and_named(tmp_path: Path) -> No
                              timeout=60)
     assert got["failed"] is True and "files[0].validate" in got["msg"] and "within 1 s" in got["msg"], got
     assert "command_timeout" in got["msg"] and not target.exists() and got["changed"] is False
+
+
+# -- the runner on its service: what a write that fails half-way reports, and check mode -------------
+class FakeModule:
+    def __init__(self, params: Dict[str, Any], check_mode: bool = False) -> None:
+        self.params = dict({"directories": [], "files": [], "command_timeout": 300}, **params)
+        # The suboptions' defaults, as AnsibleModule fills them in.
+        self.params["directories"] = [dict({"tag": None}, **d) for d in self.params["directories"]]
+        self.params["files"] = [dict({"tag": None, "validate": None}, **f) for f in self.params["files"]]
+        self.check_mode = check_mode
+        self._diff = False
+        self.warnings: List[str] = []
+
+    def warn(self, warning: str) -> None:
+        self.warnings.append(warning)
+
+
+class RefusingWrites(ConfigFilesService):
+    """The host's service, except that writing ``refused`` fails as a full disk or a read-only
+    mount would, and that in check mode no change may be attempted at all."""
+
+    def __init__(self, refused: str = "", check_mode: bool = False) -> None:
+        super().__init__(300)
+        self.refused, self.check_mode = refused, check_mode
+
+    def write_file(self, option: str, path: str, *args: Any) -> None:
+        assert not self.check_mode, "check mode wrote %s" % path
+        if path == self.refused:
+            raise OSError(errno.EACCES, "Permission denied", path)
+        super().write_file(option, path, *args)
+
+    def make_directory(self, path: str, *args: Any) -> None:
+        assert not self.check_mode, "check mode made %s" % path
+        super().make_directory(path, *args)
+
+    def set_metadata(self, path: str, *args: Any) -> None:
+        assert not self.check_mode, "check mode changed %s" % path
+        super().set_metadata(path, *args)
+
+
+def test_a_write_that_fails_half_way_names_the_paths_written_before_it(tmp_path: Path) -> None:
+    first, second = tmp_path / "first.conf", tmp_path / "second.conf"
+    module = FakeModule({"files": [entry(first, "1\n", tag="one"), entry(second, "2\n", tag="two")]})
+    with pytest.raises(KvmError) as failed:
+        ConfigFilesRunner(module, RefusingWrites(refused=str(second))).run()
+    err = failed.value
+    assert err.msg == ("files[1]: %s: cannot write it: Permission denied. Paths before it were changed (changed_paths)"
+                       % second)
+    # The module's documented words for a partial change, not the base runner's actions.
+    assert err.details == {"path": str(second), "changed": True, "changed_paths": [str(first)], "changed_tags": ["one"]}
+    assert first.read_text() == "1\n" and not second.exists() and leftovers(tmp_path) == []
+
+
+def test_a_first_write_that_fails_says_nothing_was_changed(tmp_path: Path) -> None:
+    target = tmp_path / "first.conf"
+    module = FakeModule({"files": [entry(target, "1\n", tag="one")]})
+    with pytest.raises(KvmError) as failed:
+        ConfigFilesRunner(module, RefusingWrites(refused=str(target))).run()
+    assert failed.value.msg == "files[0]: %s: cannot write it: Permission denied. Nothing was changed" % target
+    assert failed.value.details == {"path": str(target), "changed": False, "changed_paths": [], "changed_tags": []}
+
+
+def test_check_mode_asks_the_service_for_no_change(tmp_path: Path) -> None:
+    (tmp_path / "meta.conf").write_text("same\n")
+    (tmp_path / "meta.conf").chmod(0o600)
+    files = [entry(tmp_path / "new" / "a.conf", "a\n"), entry(tmp_path / "meta.conf", "same\n")]
+    module = FakeModule({"directories": [directory(tmp_path / "new")], "files": files}, check_mode=True)
+    got = ConfigFilesRunner(module, RefusingWrites(check_mode=True)).run()
+    assert got["changed"] is True and [f["changes"] for f in got["files"]] == [["content", "mode", "owner", "group"], ["mode"]]
+    assert got["changed_paths"] == [str(tmp_path / "new"), str(tmp_path / "new" / "a.conf"), str(tmp_path / "meta.conf")]
+    assert module.warnings == [] and not (tmp_path / "new").exists() and mode_of(tmp_path / "meta.conf") == 0o600
