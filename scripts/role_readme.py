@@ -70,7 +70,7 @@ def markup(text: str) -> str:
         elif kind == "U":
             out.append("<%s>" % body)
         else:  # L(text,url)
-            label, _, url = body.partition(",")
+            label, url = body.split(",", 1) if "," in body else (body, body)
             out.append("[%s](%s)" % (plain(label), url.strip()))
         at = match.end()
     out.append(plain(text[at:]))
