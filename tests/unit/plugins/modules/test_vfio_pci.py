@@ -120,6 +120,7 @@ def test_loads_vfio_pci_when_missing(tree: SysfsTree) -> None:
         result = run_module_process("vfio_pci", args)
     assert not result["failed"], result
     assert calls(tree, "modprobe") == ["vfio-pci"]
+    assert result["actions"] == ["load the vfio-pci module", "bind %s (1234:11e8) to vfio-pci (from no driver)" % EDU]
     assert tree.driver_of(EDU) == "vfio-pci"
 
 
@@ -260,6 +261,10 @@ def test_initramfs_failure_is_reported(tree: SysfsTree) -> None:
         result = run_module_process("vfio_pci", args_for(tree, [EDU], initramfs_command=[str(failing)]))
     assert result["failed"] and "rc=3" in result["msg"], result
     assert result["changed"] is True, "the device was bound and the files written before the command failed"
+    # What completed before it, as every module reports a partial change.
+    assert result["failed_action"] == "run %s" % failing
+    assert result["actions"][0] == "bind %s (1234:11e8) to vfio-pci (from no driver)" % EDU, result["actions"]
+    assert "(already done: bind %s" % EDU in result["msg"], result["msg"]
 
 
 def test_an_initramfs_rebuild_that_hangs_is_killed_and_named(tree: SysfsTree) -> None:
