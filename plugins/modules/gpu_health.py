@@ -149,7 +149,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._core._command import 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _health  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._nvidia import (  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._smi_xml import (  # noqa: E402
     NO_GPU_MESSAGE, NvidiaSmiParseError, _parse, looks_like_no_gpu)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig_service import run_nvidia_smi  # noqa: E402
 

@@ -118,7 +118,7 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._nvidia import (  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._smi_xml import (  # noqa: E402
     NO_GPU_MESSAGE, NvidiaSmiParseError, looks_like_no_gpu, parse_log)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig_service import run_nvidia_smi  # noqa: E402
 

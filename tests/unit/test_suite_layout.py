@@ -48,7 +48,7 @@ TESTED_THROUGH = {
     "module_utils/_nvidia/_device_plugin.py": "tests/unit/plugins/modules/test_device_plugin_config.py",
     "module_utils/_nvidia/_mig.py": "tests/unit/plugins/modules/test_nvidia_mig.py",
     "module_utils/_nvidia/_mig_service.py": "tests/unit/plugins/modules/test_nvidia_mig.py",
-    "module_utils/_nvidia/_nvidia.py": "tests/unit/plugins/modules/test_nvidia_smi_info.py",
+    "module_utils/_nvidia/_smi_xml.py": "tests/unit/plugins/modules/test_nvidia_smi_info.py",
     "modules/domain.py": "tests/integration/test_domain.py",
     "modules/domain_info.py": "tests/integration/test_domain_info.py",
     "modules/domains.py": "tests/integration/test_domain_list.py",

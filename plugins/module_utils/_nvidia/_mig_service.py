@@ -19,7 +19,7 @@ from .._core._errors import KvmError
 from ._mig import (QUERY_FIELDS, GpuInstance, GpuRow, MigDevice, MigParseError, Process, Profile,
                    join_instances, mig_devices, parse_gpu_rows, parse_lci, parse_lgi, parse_list,
                    parse_xml_gpu, profile_table)
-from ._nvidia import NvidiaSmiParseError, _parse, looks_like_no_gpu
+from ._smi_xml import NvidiaSmiParseError, _parse, looks_like_no_gpu
 
 # Where drivers put nvidia-smi besides PATH (the H200 guest: /usr/local/nvidia/bin).
 SEARCH_DIRS = ["/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin"]

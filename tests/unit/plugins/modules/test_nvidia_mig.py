@@ -23,7 +23,7 @@ if str(COLLECTIONS) not in sys.path:
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _mig as M  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._nvidia import _parse  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._smi_xml import _parse  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.modules import nvidia_mig  # noqa: E402
 
 pytestmark = pytest.mark.unit

@@ -119,13 +119,13 @@ def test_dtd_and_entities_are_not_loaded(run_module, tmp_path):
 def test_stdlib_fallback_parses_the_same(tmp_path):
     """Guests without python3-lxml fall back to ElementTree: same facts."""
     import importlib
-    from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _nvidia
-    with_lxml = _nvidia.parse_log(FIXTURE.read_bytes())
+    from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _smi_xml
+    with_lxml = _smi_xml.parse_log(FIXTURE.read_bytes())
     try:
-        _nvidia.HAS_LXML = False
-        without = _nvidia.parse_log(FIXTURE.read_bytes())
+        _smi_xml.HAS_LXML = False
+        without = _smi_xml.parse_log(FIXTURE.read_bytes())
     finally:
-        importlib.reload(_nvidia)
+        importlib.reload(_smi_xml)
     assert without == with_lxml
 
 
