@@ -23,6 +23,7 @@ if str(COLLECTIONS) not in sys.path:
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _mig as M  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig_runner import argument_spec  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._smi_xml import _parse  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.modules import nvidia_mig  # noqa: E402
 
@@ -556,7 +557,7 @@ def compare_spec(doc: Dict[str, Any], spec: Dict[str, Any], path: str = "") -> N
 
 def test_documentation_matches_argument_spec():
     doc = yaml.safe_load(nvidia_mig.DOCUMENTATION)
-    compare_spec(doc["options"], nvidia_mig.ARGUMENT_SPEC)
+    compare_spec(doc["options"], argument_spec())
     assert yaml.safe_load(nvidia_mig.EXAMPLES) and yaml.safe_load(nvidia_mig.RETURN)
     assert doc["module"] == "nvidia_mig"
 
