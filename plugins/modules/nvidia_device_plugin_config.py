@@ -252,117 +252,17 @@ advertised:
   sample: [{resource: nvidia.com/gpu.shared, replicas_per_device: 4}]
 '''
 
-import os  # noqa: E402
-from typing import Any, Dict, Optional  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
-
-from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._device_plugin import (  # noqa: E402
-    CONFIG_NAME, HAS_YAML, YAML_IMPORT_ERROR, advertised, helm_values, mig_parted_config, plugin_config, profiles_from_option, to_yaml)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig import INSTANCE_SPEC  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import read_file, write_file_atomic  # noqa: E402
-
-RESOURCE_SPEC: Dict[str, Any] = dict(
-    name=dict(type="str", default="nvidia.com/gpu"),
-    replicas=dict(type="int", required=True),
-    devices=dict(type="raw", default="all"),
-)
-SECTION_SPEC: Dict[str, Any] = dict(
-    rename_by_default=dict(type="bool", default=False),
-    fail_requests_greater_than_one=dict(type="bool"),
-    resources=dict(type="list", elements="dict", required=True, options=RESOURCE_SPEC),
-)
-ARGUMENT_SPEC: Dict[str, Any] = dict(
-    mig_strategy=dict(type="str", default="none", choices=["none", "single", "mixed"]),
-    sharing=dict(type="dict", options=dict(time_slicing=dict(type="dict", options=SECTION_SPEC),
-                                           mps=dict(type="dict", options=SECTION_SPEC))),
-    flags=dict(type="dict", default={}),
-    mig_configs=dict(type="list", elements="dict", options=dict(
-        name=dict(type="str", required=True),
-        devices=dict(type="raw", default="all"),
-        mig_mode=dict(type="str", default="enabled", choices=["enabled", "disabled"]),
-        instances=dict(type="list", elements="dict", options=INSTANCE_SPEC),
-    )),
-    mig_profiles=dict(type="list", elements="raw"),
-    helm_config_name=dict(type="str", default="mlinfra"),
-    dest=dict(type="path"),
-    mig_parted_dest=dict(type="path"),
-)
-FILE_MODE = 0o644
-
-
-class DevicePluginConfigRunner:
-    def __init__(self, module: AnsibleModule) -> None:
-        self.module = module
-        self.params = module.params
-        self.tracker = DifferenceTracker()
-        self.before: Dict[str, str] = {}
-        self.after: Dict[str, str] = {}
-
-    def validate(self) -> None:
-        name = self.params["helm_config_name"]
-        if not CONFIG_NAME.match(name or ""):
-            raise InvalidInputError("helm_config_name", name, "is not a ConfigMap key the chart can select",
-                                    "use 1-63 letters, digits, '.', '_' or '-', e.g. mlinfra")
-        if self.params["mig_parted_dest"] and self.params["mig_configs"] is None:
-            raise InvalidInputError("mig_parted_dest", self.params["mig_parted_dest"], "is set without mig_configs",
-                                    "describe the geometry in mig_configs, or leave mig_parted_dest out")
-        for option in ("dest", "mig_parted_dest"):
-            path = self.params[option]
-            if path and (os.path.isdir(path) or not os.path.isabs(path)):
-                raise InvalidInputError(option, path, "is a directory or not an absolute path",
-                                        "give an absolute file path, e.g. /etc/mlinfra/nvidia-device-plugin.yaml")
-
-    def run(self) -> Dict[str, Any]:
-        self.validate()
-        profiles = profiles_from_option(self.params["mig_profiles"])
-        parted = mig_parted_config(self.params["mig_configs"], profiles)
-        config = plugin_config(self.params["mig_strategy"], self.params["sharing"], self.params["flags"],
-                               profiles, parted)
-        config_yaml = to_yaml(config)
-        parted_yaml = to_yaml(parted) if parted is not None else ""
-        values = helm_values(self.params["helm_config_name"], config_yaml)
-        self.file("dest", config_yaml)
-        if parted is not None:
-            self.file("mig_parted_dest", parted_yaml)
-        result: Dict[str, Any] = {
-            "changed": self.tracker.changed,
-            "config": config,
-            "config_yaml": config_yaml,
-            "mig_parted": parted,
-            "mig_parted_yaml": parted_yaml,
-            "helm_values": values,
-            "helm_values_yaml": to_yaml(values),
-            "advertised": advertised(config),
-        }
-        if self.before or self.after:
-            result["diff"] = {"before": self.before, "after": self.after}
-        return result
-
-    def file(self, option: str, content: str) -> None:
-        """Write ``content`` to the path of ``option`` when it differs (or its mode does)."""
-        path: Optional[str] = self.params[option]
-        if not path:
-            return
-        current = read_file(path)
-        mode_wrong = current is not None and (os.stat(path).st_mode & 0o777) != FILE_MODE
-        self.before[path] = current or ""
-        self.after[path] = content
-        if current == content and not mode_wrong:
-            return
-        self.tracker.action("write %s" % path if current != content else "set mode 0644 on %s" % path)
-        if not self.module.check_mode:
-            write_file_atomic(path, content, FILE_MODE)
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._device_plugin_runner import (
+    argument_spec, fail_without_yaml, run_nvidia_device_plugin_config)
 
 
 def main() -> None:
-    module = new_module(AnsibleModule, argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    if not HAS_YAML:
-        module.fail_json(msg=missing_required_lib("PyYAML"), exception=YAML_IMPORT_ERROR)
-    run(module, lambda: DevicePluginConfigRunner(module).run())
+    module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True)
+    fail_without_yaml(module)
+    run(module, lambda: run_nvidia_device_plugin_config(module))
 
 
 if __name__ == "__main__":

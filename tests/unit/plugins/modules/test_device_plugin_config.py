@@ -21,6 +21,7 @@ if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _device_plugin as D  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._device_plugin_runner import argument_spec  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _mig as M  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.modules import nvidia_device_plugin_config as module  # noqa: E402
@@ -235,7 +236,7 @@ def test_module_failures_are_messages(args, needle):
 def test_documentation_matches_argument_spec():
     from test_nvidia_mig import compare_spec
     doc = yaml.safe_load(module.DOCUMENTATION)
-    compare_spec(doc["options"], module.ARGUMENT_SPEC)
+    compare_spec(doc["options"], argument_spec())
     assert yaml.safe_load(module.EXAMPLES) and yaml.safe_load(module.RETURN)
 
 
