@@ -112,103 +112,16 @@ ansible_facts:
   type: dict
 '''
 
-import os  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run  # noqa: E402
-from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._smi_xml import (  # noqa: E402
-    NO_GPU_MESSAGE, NvidiaSmiParseError, looks_like_no_gpu, parse_log)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig_service import run_nvidia_smi  # noqa: E402
-
-SEARCH_DIRS = ["/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin"]
-
-
-def find_nvidia_smi(module: AnsibleModule) -> str:
-    path = module.params["nvidia_smi"]
-    if path:
-        return path if os.access(path, os.X_OK) else ""
-    return module.get_bin_path("nvidia-smi", opt_dirs=SEARCH_DIRS) or ""
-
-
-def result_from(facts: dict, binary: str, reason: str = "") -> dict:
-    gpus = facts.get("gpus", [])
-    if gpus:
-        names = sorted(set(g["name"] or "unknown" for g in gpus))
-        msg = "%d GPU%s visible (%s), driver %s, CUDA %s" % (
-            len(gpus), "" if len(gpus) == 1 else "s", ", ".join(names),
-            facts.get("driver_version"), facts.get("cuda_version"))
-        reason = ""
-    else:
-        msg = NO_GPU_MESSAGE
-        reason = reason or "nvidia-smi lists no GPU"
-    out = {
-        "gpus": gpus,
-        "gpu_count": len(gpus),
-        "gpu_visible": bool(gpus),
-        "driver_version": facts.get("driver_version"),
-        "cuda_version": facts.get("cuda_version"),
-    }
-    result = dict(out, changed=False, msg=msg, reason=reason or None, nvidia_smi=binary or None)
-    result["ansible_facts"] = {"nvidia_smi": out}
-    return result
-
-
-def runner_for(module: AnsibleModule):
-    def runner() -> dict:
-        params = module.params
-        if params["xml_file"]:
-            try:
-                with open(params["xml_file"], "rb") as handle:
-                    xml = handle.read()
-            except OSError as exc:
-                raise KvmError("option xml_file: cannot read %s: %s" % (params["xml_file"], exc),
-                               option="xml_file")
-            binary = ""
-        else:
-            binary = find_nvidia_smi(module)
-            if not binary:
-                where = params["nvidia_smi"] or "PATH, " + ", ".join(SEARCH_DIRS)
-                return finish(result_from({}, "", "nvidia-smi not found (looked in %s)" % where))
-            if params["command_timeout"] < 1:
-                raise InvalidInputError("command_timeout", params["command_timeout"], "is below 1",
-                                        "give the seconds nvidia-smi may take, for example 120")
-            rc, stdout, stderr = run_nvidia_smi([binary, "-q", "-x"], params["command_timeout"])
-            if rc != 0:
-                text = (stdout + "\n" + stderr).strip()
-                if looks_like_no_gpu(text) or rc in (6, 9):  # 6: no device, 9: driver not loaded
-                    return finish(result_from({}, binary, "nvidia-smi exited %d: %s" % (rc, text[-400:])))
-                raise KvmError("nvidia-smi -q -x exited %d: %s" % (rc, text[-2000:]), rc=rc)
-            xml = stdout
-        try:
-            facts = parse_log(xml)
-        except NvidiaSmiParseError as exc:
-            raise KvmError(str(exc))
-        return finish(result_from(facts, binary))
-
-    def finish(result: dict) -> dict:
-        if module.params["require_gpu"] and not result["gpu_visible"]:
-            raise KvmError("%s (require_gpu=true): %s" % (NO_GPU_MESSAGE, result["reason"]),
-                           gpus=[], gpu_count=0, gpu_visible=False, reason=result["reason"])
-        return result
-
-    return runner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
+from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._smi_info import MUTUALLY_EXCLUSIVE, argument_spec, run_nvidia_smi_info
 
 
 def main() -> None:
-    module = new_module(
-        AnsibleModule,
-        argument_spec=dict(
-            nvidia_smi=dict(type="path"),
-            xml_file=dict(type="path"),
-            require_gpu=dict(type="bool", default=False),
-            command_timeout=dict(type="int", default=120),
-        ),
-        mutually_exclusive=[("nvidia_smi", "xml_file")],
-        supports_check_mode=True,
-    )
-    run(module, runner_for(module))
+    module = new_module(AnsibleModule, argument_spec=argument_spec(), mutually_exclusive=MUTUALLY_EXCLUSIVE,
+                        supports_check_mode=True)
+    run(module, lambda: run_nvidia_smi_info(module))
 
 
 if __name__ == "__main__":
