@@ -30,6 +30,10 @@ TESTED_THROUGH = {
     "doc_fragments/resource_list.py": "tests/unit/test_docs_gate.py",
     "filter/apt_sources.py": "tests/unit/test_role_apt_mirror.py",
     "inventory/libvirt.py": "tests/integration/test_inventory.py",
+    "module_utils/_core/_config_files.py": "tests/unit/plugins/modules/test_config_files.py",  # the module's runner and service
+    "module_utils/_host/_cmdline.py": "tests/unit/plugins/modules/test_kernel_cmdline.py",
+    "module_utils/_host/_hugepages.py": "tests/unit/plugins/modules/test_hugepages.py",
+    "module_utils/_libvirt/_cloudinit_runner.py": "tests/unit/plugins/modules/test_cloud_init.py",
     "module_utils/_host/_grub.py": "tests/unit/plugins/modules/test_kernel_cmdline.py",
     "module_utils/_host/_host_usage.py": "tests/unit/plugins/modules/test_vfio_pci.py",
     "module_utils/_host/_pci_vfio.py": "tests/unit/plugins/modules/test_vfio_pci.py",
