@@ -74,7 +74,15 @@ class SeedService:
                        "install one (apt-get install genisoimage)")
 
     def build(self, dest: str, files: Dict[str, str], appid: str) -> None:
-        """Write the ISO next to ``dest`` and rename it into place."""
+        """Write the ISO next to ``dest`` and rename it into place; the file system's refusal
+        (a missing or read-only directory, a full disk) is reported as such, not as a bug."""
+        try:
+            self._build(dest, files, appid)
+        except OSError as exc:
+            raise KvmError("cannot write the seed ISO %s: %s; check that its directory exists, is writable and has space"
+                           % (dest, exc.strerror or exc)) from None
+
+    def _build(self, dest: str, files: Dict[str, str], appid: str) -> None:
         tool = self.tool_argv()
         # The rendered files hold secrets: a private directory, files 0600, removed afterwards.
         workdir = tempfile.mkdtemp(prefix="mlkvm-seed-")
@@ -105,10 +113,16 @@ class SeedService:
                 os.unlink(tmp_iso)
 
     def chmod(self, path: str, mode: int) -> None:
-        os.chmod(path, mode)
+        try:
+            os.chmod(path, mode)
+        except OSError as exc:
+            raise KvmError("cannot set the mode of %s: %s" % (path, exc.strerror or exc)) from None
 
     def remove(self, path: str) -> None:
-        os.unlink(path)
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            raise KvmError("cannot remove %s: %s" % (path, exc.strerror or exc)) from None
 
 
 class SeedRunner(ObjectRunner):

@@ -289,3 +289,20 @@ def test_check_mode_calls_no_side_effect(state: str, mode: Optional[int], ids: O
     stub = StubSeed(mode, current_seed_ids() if ids == "current" else None)
     got = SeedRunner(FakeModule({"dest": "/seeds/seed.iso", "state": state}), stub).run()
     assert got["actions"] == actions and got["changed"] is bool(actions), got
+
+
+def test_an_unwritable_directory_is_named_not_reported_as_a_bug(tmp_path: Path, run_module) -> None:
+    """The file system's refusal (here an immutable directory: root writes through modes) reaches
+    the user as what it is, with the path, and nothing is left behind; it once surfaced as an
+    internal error of the module."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True, check=False).returncode != 0:
+        pytest.skip("this file system has no immutable attribute (chattr +i) to make a directory unwritable")
+    try:
+        res = run_module("cloud_init", {"dest": str(folder / "seed.iso"), "user_data": USER_DATA})
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    assert res["failed"] and "cannot write the seed ISO %s" % (folder / "seed.iso") in res["msg"], res
+    assert "internal error" not in res["msg"] and "Traceback" not in json.dumps(res), res
+    assert list(folder.iterdir()) == []
