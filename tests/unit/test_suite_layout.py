@@ -50,8 +50,6 @@ TESTED_THROUGH = {
     "module_utils/_ml/_stage_sign.py": "tests/unit/plugins/modules/test_ml_stage_reuse_trust.py",
     "module_utils/_ml/_stage_tree.py": "tests/unit/plugins/modules/test_ml_stage_leftovers.py",
     "module_utils/_nvidia/_device_plugin.py": "tests/unit/plugins/modules/test_device_plugin_config.py",
-    "module_utils/_nvidia/_mig.py": "tests/unit/plugins/modules/test_nvidia_mig.py",
-    "module_utils/_nvidia/_mig_service.py": "tests/unit/plugins/modules/test_nvidia_mig.py",
     "module_utils/_nvidia/_smi_xml.py": "tests/unit/plugins/modules/test_nvidia_smi_info.py",
     "modules/domain.py": "tests/integration/test_domain.py",
     "modules/domain_info.py": "tests/integration/test_domain_info.py",
