@@ -1,9 +1,11 @@
 """The main job end to end: playbooks/site.yml against inventories/lab on this machine.
 
 One tracking VM and two workers (software emulation, 2 cores), a tiny synthetic dataset.
-First run builds everything and runs the pipeline, train across both workers (torchrun, gloo
-over the lab network); the MLflow API shows one run for the job with its metrics; the second
-run changes nothing (both stages skipped, with their reason, on both workers); a changed
+First run builds everything, Slurm included (slurmctld and slurmdbd on the tracking VM, slurmd on
+the workers), and runs the pipeline: train across both workers as one Slurm job (each torchrun a
+step of it, gloo over the lab network); slurmdbd accounts one COMPLETED job on two nodes, the
+MLflow API shows one run for the job with its metrics; the second run changes nothing (both
+stages skipped, with their reason, on both workers, and no Slurm job submitted); a changed
 training parameter, with ``--tags guests,pipeline``, re-runs train only, on both. With
 MLKVM_LAB_DRILLS=1, the interruptions a site sees: ansible-playbook killed during train (no
 second copy, no run left RUNNING), one rank killed (the job fails on both workers within a
@@ -218,6 +220,12 @@ def test_site_end_to_end(lab):
     assert_pipeline_user_edits_its_experiment_only(api)
     assert_tracking_server_speaks_tls_only(creds)
     assert_rendezvous_port_admits_the_workers_only()
+    # Slurm held both workers as one job: COMPLETED in slurmdbd's accounting, and the summary says so.
+    summary = " ".join(first.stdout.split())
+    assert re.search(r"scheduler: Slurm job \d+ COMPLETED on %s, elapsed \d+ s" % ",".join(WORKERS), summary), \
+        tail(first.stdout, 40)
+    jobs = slurm_train_jobs()
+    assert [(j["state"], j["nodes"]) for j in jobs] == [("COMPLETED", "2")], jobs
 
     start = time.monotonic()
     second = playbook("site.yml", *EXTRA, log=logs / "site-2.log")
@@ -229,6 +237,8 @@ def test_site_end_to_end(lab):
     assert "no worker due" in " ".join(second.stdout.split()), "both workers skip train with one decision"
     assert len([r for r in api.runs("mlinfra-pipeline") if tags(r).get("mlinfra.stage") == "train"]) == 1, \
         "a skipped stage makes no MLflow run"
+    assert slurm_train_jobs() == jobs, "a skipped train submits no Slurm job"
+    assert "scheduler: slurm (the train did not run: no job submitted)" in " ".join(second.stdout.split())
 
     # A changed parameter re-running train on both workers (and only train) is proven by
     # tests/integration/test_pipeline_workers.py::test_changed_lr_reruns_both_workers: the same
@@ -312,6 +322,16 @@ def assert_rendezvous_port_admits_the_workers_only() -> None:
         sock.settimeout(20)
         assert sock.connect_ex((first, 29400)) != 0, "the rendezvous port took a connection from a non-worker"
     assert refused(table()) > refused(before), "the table did not refuse this host's connection"
+
+
+def slurm_train_jobs() -> List[Dict[str, str]]:
+    """The train jobs slurmdbd accounted (allocations only, every user, since the epoch), read on
+    the controller (the tracking VM)."""
+    proc = guest_ssh(guest_address("mlinfra-tracking"), "sudo", "sacct", "-X", "-n", "-P", "-a", "-S", "2000-01-01",
+                     "-o", "JobID,JobName,State,NNodes")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.strip()]
+    return [{"id": r[0], "name": r[1], "state": r[2], "nodes": r[3]} for r in rows if r[1].startswith("train-")]
 
 
 def rank_report(worker: str, rank: int) -> Dict:

@@ -107,10 +107,10 @@ def _imported_task_files(path: Path) -> list:
 
 
 def test_services_play_runs_what_the_single_purpose_playbooks_run():
-    """site.yml runs services.yml instead of tracking/workers/monitoring/pipeline.yml: the two
+    """site.yml runs services.yml instead of tracking/workers/monitoring/slurm/pipeline.yml: the two
     must not drift apart (a role added to one and not the other)."""
     single = set()
-    for playbook in ("tracking.yml", "workers.yml", "monitoring.yml", "pipeline.yml"):
+    for playbook in ("tracking.yml", "workers.yml", "monitoring.yml", "slurm.yml", "pipeline.yml"):
         single |= _role_entries(playbook)
     services = _role_entries("services.yml")
     # services.yml splits mlflow_server's readiness off (tasks_from: ready), makes the
