@@ -182,7 +182,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import Connection
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._snapshot import argument_spec, run_snapshot
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import is_local
 

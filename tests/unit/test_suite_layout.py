@@ -39,7 +39,7 @@ TESTED_THROUGH = {
     "module_utils/_host/_pci_vfio.py": "tests/unit/plugins/modules/test_vfio_pci.py",
     "module_utils/_libvirt/_cloudinit.py": "tests/unit/plugins/modules/test_cloud_init.py",
     "module_utils/_libvirt/_domain_read.py": "tests/integration/test_domain_info.py",
-    "module_utils/_libvirt/_libvirt.py": "tests/unit/plugins/module_utils/_core/test_foundation.py",
+    "module_utils/_libvirt/_connection.py": "tests/unit/plugins/module_utils/_core/test_foundation.py",
     "module_utils/_libvirt/_libvirt_guards.py": "tests/integration/test_network.py",
     "module_utils/_libvirt/_uri.py": "tests/integration/test_network.py",
     "module_utils/_ml/_stage_code.py": ML_STAGE,

@@ -24,7 +24,7 @@ from ._domain_spec import (
     format_cpuset, hostdev_element, read_fields, read_memballoon)
 from .._core._errors import ConflictError, InvalidInputError, KvmError
 from .._core._host_lock import local_object_lock
-from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt
+from ._connection import LIBVIRT_ARGSPEC, call, libvirt
 from ._resource_list import ResourceKind, list_call_cache, read_listed
 from .._core._validate import object_name
 from .._core._xml import parse, to_string

@@ -19,7 +19,7 @@ from .._core._validate import object_name
 from ._domain_read import ACTIVE_STATES, interfaces_with_addresses, read_sizes
 from ._domain_service import DomainService, lease_map
 from ._domain_spec import hostdev_addresses, read_cdroms, read_disks, read_metadata
-from ._libvirt import LIBVIRT_ARGSPEC, Connection, call, libvirt
+from ._connection import LIBVIRT_ARGSPEC, Connection, call, libvirt
 
 
 def argument_spec() -> Dict[str, Any]:

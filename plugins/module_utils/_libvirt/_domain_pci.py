@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 from ._domain_spec import pci_string
 from .._core._errors import KvmError
-from ._libvirt import call
+from ._connection import call
 from .._host._pci import PciDevice, PciScanner
 from .._host._sysfs import Roots
 from .._core._xml import parse

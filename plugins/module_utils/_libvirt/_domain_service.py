@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ._domain_pci import NodeDevPci, SysfsPci
 from ._domain_spec import GUEST_AGENT_CHANNEL, MLINFRA_NS, MLINFRA_PREFIX, hostdev_addresses, metadata_element
 from .._core._errors import KvmError
-from ._libvirt import call, libvirt, lookup
+from ._connection import call, libvirt, lookup
 from ._storage_paths import StoragePolicy
 from ._uri import is_local
 from .._core._xml import etree, parse, to_string

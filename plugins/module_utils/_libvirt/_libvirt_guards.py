@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from .._core._command import CommandNotFoundError
 from .._core._errors import LibvirtCallError
-from ._libvirt import call, error_of, libvirt, lookup
+from ._connection import call, error_of, libvirt, lookup
 from ._resource_list import read_listed
 from .._core import _xml as X
 

@@ -16,7 +16,7 @@ from .._core._runner import ObjectRunner
 from .._core._errors import InvalidInputError, KvmError, LibvirtCallError
 from .._core._command import run_bounded
 from .._core._host_lock import local_object_lock
-from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
+from ._connection import LIBVIRT_ARGSPEC, call, libvirt, lookup
 from ._libvirt_guards import (IP_TIMEOUT_S, host_addresses, host_routes, network_start_blockers, other_networks)
 from ._network_leftovers import Leftovers
 from .._core._validate import (int_range, ipv4_address, mac_address, object_name, plain_texts)

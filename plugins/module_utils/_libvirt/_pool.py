@@ -13,7 +13,7 @@ from ansible.module_utils.basic import AnsibleModule
 from .._core._runner import ObjectRunner
 from .._core._errors import ConflictError, InvalidInputError, KvmError
 from .._core._host_lock import local_object_lock
-from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
+from ._connection import LIBVIRT_ARGSPEC, call, libvirt, lookup
 from ._libvirt_guards import DiskUsage
 from .._core._validate import object_name, plain_text
 from ._volume_io import lock_name

@@ -24,7 +24,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from .._core._command import DEFAULT_TIMEOUT_S, module_runner
 from .._core._errors import InvalidInputError, KvmError, LibvirtCallError
-from ._libvirt import LIBVIRT_ARGSPEC, Connection, error_of, libvirt
+from ._connection import LIBVIRT_ARGSPEC, Connection, error_of, libvirt
 from ._uri import is_local
 
 STATES = ("merged", "replaced", "overridden", "deleted", "gathered", "rendered")

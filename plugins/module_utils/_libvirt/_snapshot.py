@@ -36,7 +36,7 @@ from .._core._host_lock import local_object_lock
 from .._core._validate import object_name, plain_texts
 from ._domain_service import state_name
 from ._fields import REDEFINE, Field, compare, option_specs
-from ._libvirt import LIBVIRT_ARGSPEC, call, libvirt, lookup
+from ._connection import LIBVIRT_ARGSPEC, call, libvirt, lookup
 
 METADATA_MARKER = "-- mlinfra.kvm metadata --"
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from .._core._errors import InvalidInputError
 from .._core._validate import object_name
-from ._libvirt import LIBVIRT_ARGSPEC, Connection
+from ._connection import LIBVIRT_ARGSPEC, Connection
 from ._snapshot import SnapshotService, listing, load_domain
 
 

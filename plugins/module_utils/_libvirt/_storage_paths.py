@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .._core._errors import InvalidInputError
 from .._core._validate import absolute_path, plain_text
-from ._libvirt import call, libvirt
+from ._connection import call, libvirt
 from .._core import _xml as X
 
 # The option (same name in volume(s) and domain(s)) that lists directories kept outside pools.

@@ -7,7 +7,7 @@ import pytest
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core import _xml as X
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._diff import DifferenceTracker
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, LibvirtCallError
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._libvirt import Connection, call, lookup, resolve_uri
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import Connection, call, lookup, resolve_uri
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core import _validate as V
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _network as N
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _pool as P

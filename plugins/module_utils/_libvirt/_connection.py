@@ -1,9 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: mlinfra.kvm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The libvirt connection shared by every libvirt module.
+"""The libvirt connection shared by every libvirt module, and what goes with it: the ``uri``
+option (:data:`LIBVIRT_ARGSPEC`, :func:`resolve_uri`), :class:`Connection`, and the wrappers
+:func:`call` and :func:`lookup` with their error helpers.
 
-Services are the only code that talks to libvirt; they go through :func:`call` so that a
+The ``*Service`` classes are the only code that talks to libvirt; they go through :func:`call` so that a
 ``libvirt.libvirtError`` always becomes a :class:`LibvirtCallError` with libvirt's code and
 message (never swallowed, never a bare traceback).
 """
