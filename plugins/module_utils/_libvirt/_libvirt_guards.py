@@ -218,19 +218,19 @@ def _network_ipv4(xml: str) -> Tuple[Optional[str], List[Any]]:
     return X.attr(root, "bridge", "name"), nets
 
 
-def other_networks(conn: Any, name: str) -> List[Dict[str, Any]]:
-    """Bridge and subnets of every other libvirt network (live XML when active)."""
+def other_networks(service: Any, name: str) -> List[Dict[str, Any]]:
+    """Bridge and subnets of every other libvirt network (live XML when active), read through
+    ``service`` (``_network.NetworkService``, which this module cannot import: it imports this one)."""
     def read(net: Any) -> Optional[Dict[str, Any]]:
         if net.name() == name:
             return None
-        active = bool(net.isActive())
-        flags = 0 if active else libvirt.VIR_NETWORK_XML_INACTIVE
-        bridge, subnets = _network_ipv4(call("reading network XML", net.XMLDesc, flags))
+        active = service.is_active(net)
+        bridge, subnets = _network_ipv4(service.xml(net, inactive=not active))
         return {"name": net.name(), "active": active, "bridge": bridge, "subnets": subnets}
 
     # A network removed by another run between the listing and its read is left out: it takes
     # no subnet and no bridge any more.
-    return read_listed(call("listing networks", conn.listAllNetworks, 0), read)
+    return read_listed(service.list_all(), read)
 
 
 def network_start_blockers(spec: Dict[str, Any], own_bridge: Optional[str], others: Iterable[Dict[str, Any]],

@@ -344,6 +344,18 @@ class NetworkService:
         return lookup("looking up network %s" % name, self.conn.networkLookupByName, name,
                       (libvirt.VIR_ERR_NO_NETWORK,))
 
+    def list_all(self) -> List[Any]:
+        return call("listing networks", self.conn.listAllNetworks, 0)
+
+    @staticmethod
+    def is_active(net: Any) -> bool:
+        # Uncaught, as ever: read_listed skips a network that vanished, run() reports the rest.
+        return bool(net.isActive())
+
+    @staticmethod
+    def autostart(net: Any) -> bool:
+        return bool(net.autostart())
+
     def xml(self, net: Any, inactive: bool) -> str:
         return call("reading network XML", net.XMLDesc, libvirt.VIR_NETWORK_XML_INACTIVE if inactive else 0)
 
@@ -360,7 +372,7 @@ class NetworkService:
         call("undefining network %s" % net.name(), net.undefine)
 
     def other_networks(self, name: str) -> List[Dict[str, Any]]:
-        return other_networks(self.conn, name)
+        return other_networks(self, name)
 
     def set_autostart(self, net: Any, value: bool) -> None:
         call("setting autostart of network %s" % net.name(), net.setAutostart, int(value))
@@ -374,8 +386,8 @@ class NetworkService:
     def describe(self, net: Optional[Any], name: str) -> Dict[str, Any]:
         if net is None:
             return {"name": name, "state": "absent"}
-        out = {"name": name, "uuid": net.UUIDString(), "state": "active" if net.isActive() else "inactive",
-               "autostart": bool(net.autostart())}
+        out = {"name": name, "uuid": net.UUIDString(), "state": "active" if self.is_active(net) else "inactive",
+               "autostart": self.autostart(net)}
         out.update(spec_from_xml(self.xml(net, inactive=True)))
         return out
 
@@ -402,7 +414,7 @@ class NetworkRunner(ObjectRunner):
         if p["state"] == "absent":
             self.ensure_absent(net)
         else:
-            if p["state"] == "active" and (net is None or not net.isActive()):
+            if p["state"] == "active" and (net is None or not self.service.is_active(net)):
                 self.guard_start(net, before, request)
             net = self.ensure_defined(net, before, request)
             self.ensure_running_state(net, before)
@@ -429,7 +441,7 @@ class NetworkRunner(ObjectRunner):
 
     def pending(self, net: Optional[Any]) -> List[str]:
         """Fields whose persistent value differs from the running network."""
-        if net is None or not net.isActive():
+        if net is None or not self.service.is_active(net):
             return []
         live = spec_from_xml(self.service.xml(net, inactive=False))
         config = spec_from_xml(self.service.xml(net, inactive=True))
@@ -438,7 +450,7 @@ class NetworkRunner(ObjectRunner):
     def ensure_absent(self, net: Optional[Any]) -> None:
         if net is None:
             return
-        active = bool(net.isActive())
+        active = self.service.is_active(net)
         self.tracker.add("state", "active" if active else "inactive", "absent")
         if active:
             self.tracker.act("stop", self.service.stop, net)
@@ -461,7 +473,7 @@ class NetworkRunner(ObjectRunner):
                 self.guard_restart(net, {f: before.get(f) for f in ALL_FIELDS})
                 self.restart(net)
             return net
-        active = bool(net.isActive())
+        active = self.service.is_active(net)
         restart_fields = changed_with(FIELD_TABLE, changed, RESTART)
         live_only = not restart_fields
         if active and live_only:
@@ -643,7 +655,7 @@ class NetworkRunner(ObjectRunner):
                                  live=True)
 
     def ensure_running_state(self, net: Optional[Any], before: Dict[str, Any]) -> None:
-        active = net is not None and bool(net.isActive())
+        active = net is not None and self.service.is_active(net)
         if self.params["state"] == "active" and not active:
             self.tracker.add("state", before["state"] if before["state"] != "absent" else "absent", "active")
             try:
@@ -706,7 +718,7 @@ class NetworkRunner(ObjectRunner):
         wanted = self.params["autostart"]
         if wanted is None:
             return
-        current = bool(net.autostart()) if net is not None else False
+        current = self.service.autostart(net) if net is not None else False
         if self.tracker.add("autostart", current, wanted):
             self.tracker.act("autostart %s" % ("on" if wanted else "off"), self.service.set_autostart, net, wanted)
 
@@ -738,14 +750,16 @@ def run_network(module: AnsibleModule, conn: Any, local: bool) -> Dict[str, Any]
 
 def gather_networks(conn: Any) -> List[Dict[str, Any]]:
     """Every network as a networks item (the module's own input format): fed back, no change."""
+    service = NetworkService(conn)
+
     def read(net: Any) -> Dict[str, Any]:
-        spec = spec_from_xml(call("reading network XML", net.XMLDesc, libvirt.VIR_NETWORK_XML_INACTIVE))
-        item: Dict[str, Any] = {"name": net.name(), "state": "active" if net.isActive() else "present",
-                                "autostart": bool(net.autostart())}
+        spec = spec_from_xml(service.xml(net, inactive=True))
+        item: Dict[str, Any] = {"name": net.name(), "state": "active" if service.is_active(net) else "present",
+                                "autostart": service.autostart(net)}
         item.update({k: v for k, v in spec.items() if v is not None and v != []})
         return item
 
-    return sorted(read_listed(call("listing networks", conn.listAllNetworks, 0), read), key=lambda i: i["name"])
+    return sorted(read_listed(service.list_all(), read), key=lambda i: i["name"])
 
 
 def render_network(params: Dict[str, Any]) -> str:
