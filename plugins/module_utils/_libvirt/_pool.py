@@ -114,6 +114,18 @@ class PoolService:
         return lookup("looking up pool %s" % name, self.conn.storagePoolLookupByName, name,
                       (libvirt.VIR_ERR_NO_STORAGE_POOL,))
 
+    def list_all(self) -> List[Any]:
+        return call("listing pools", self.conn.listAllStoragePools, 0)
+
+    @staticmethod
+    def is_active(pool: Any) -> bool:
+        # Uncaught, as ever: read_listed skips a pool that vanished, run() reports the rest.
+        return bool(pool.isActive())
+
+    @staticmethod
+    def autostart(pool: Any) -> bool:
+        return bool(pool.autostart())
+
     def inactive_xml(self, pool: Any) -> str:
         return call("reading pool XML", pool.XMLDesc, libvirt.VIR_STORAGE_XML_INACTIVE)
 
@@ -153,7 +165,7 @@ class PoolService:
         """Volume name -> the defined domains that use it (works on an inactive pool too)."""
         usage = DiskUsage(self.conn)
         in_use = usage.users_under(pool.name(), spec_from_xml(self.inactive_xml(pool)).get("target"))
-        if pool.isActive():  # exact paths where libvirt can list them
+        if self.is_active(pool):  # exact paths where libvirt can list them
             for vol in self.volumes(pool):
                 users = usage.users(pool.name(), vol.name(), vol.path())
                 if users:
@@ -167,10 +179,10 @@ class PoolService:
         if pool is None:
             return {"state": "absent"}
         spec = spec_from_xml(self.inactive_xml(pool))
-        active = bool(pool.isActive())
+        active = self.is_active(pool)
         info = call("reading pool info", pool.info) if active else [0, 0, 0, 0]
         out = {"name": pool.name(), "uuid": pool.UUIDString(), "state": "active" if active else "inactive",
-               "autostart": bool(pool.autostart()), "capacity": info[1], "allocation": info[2],
+               "autostart": self.autostart(pool), "capacity": info[1], "allocation": info[2],
                "available": info[3], "volumes": sorted(v.name() for v in self.volumes(pool)) if active else []}
         out.update(spec)
         return out
@@ -243,14 +255,14 @@ class PoolRunner(ObjectRunner):
     def ensure_absent(self, pool: Optional[Any]) -> None:
         if pool is None:
             return
-        self.tracker.add("state", "active" if pool.isActive() else "inactive", "absent")
-        was_active = bool(pool.isActive())
+        self.tracker.add("state", "active" if self.service.is_active(pool) else "inactive", "absent")
+        was_active = self.service.is_active(pool)
         if self.params["purge"]:
             # Refuse before anything is touched: not even the start below may happen.
             self.guard_purge(pool)
             self.purge_volumes(pool)
         # A pool started only to purge it runs now in a real run; check mode predicts the same stop.
-        if pool.isActive() or (self.params["purge"] and not was_active):
+        if self.service.is_active(pool) or (self.params["purge"] and not was_active):
             self.tracker.act("stop", self.service.stop, pool)
         if self.params["purge"] and self.tracker_type_is_dir(pool):
             self.tracker.act("delete target directory", self.service.delete_storage, pool)
@@ -274,7 +286,7 @@ class PoolRunner(ObjectRunner):
     def purge_volumes(self, pool: Any) -> None:
         """Delete every volume (each lands in ``purged`` just before its deletion)."""
         self.purged = []
-        if not pool.isActive():
+        if not self.service.is_active(pool):
             self.tracker.act("start (to purge volumes)", self.service.start, pool)
             if self.check:
                 # Listing needs a running pool; predict from the directory where we can.
@@ -332,7 +344,7 @@ class PoolRunner(ObjectRunner):
             pool = self.ensure_definition(pool, before, spec)
         if self.needs_build(spec):
             self.tracker.act("build", self.service.build, pool, no_overwrite=spec["type"] == "logical")
-        active = bool(pool is not None and pool.isActive())
+        active = pool is not None and self.service.is_active(pool)
         if p["state"] == "active":
             self.tracker.add("state", before["state"] if before["state"] != "absent" else "inactive", "active",
                              active=not active)
@@ -341,7 +353,7 @@ class PoolRunner(ObjectRunner):
         elif before["state"] == "absent":
             self.tracker.add("state", "absent", "inactive")
         if p["autostart"] is not None:
-            current = bool(pool.autostart()) if pool is not None else False
+            current = self.service.autostart(pool) if pool is not None else False
             if self.tracker.add("autostart", current, p["autostart"]):
                 self.tracker.act("autostart %s" % ("on" if p["autostart"] else "off"),
                                  self.service.set_autostart, pool, p["autostart"])
@@ -373,7 +385,7 @@ class PoolRunner(ObjectRunner):
         return defined if defined is not None else pool
 
     def recreate(self, pool: Any, spec: Dict[str, Any]) -> Optional[Any]:
-        if pool.isActive():
+        if self.service.is_active(pool):
             self.tracker.act("stop", self.service.stop, pool)
         xml = build_xml(self.params["name"], spec, pool.UUIDString())  # the same UUID: the same pool to libvirt
         self.tracker.act("undefine", self.service.undefine, pool)
@@ -427,16 +439,18 @@ LIST_TYPES = ("dir", "logical", "netfs")
 
 def gather_pools(conn: Any) -> List[Dict[str, Any]]:
     """Every pool of a managed type as a pools item (the module's own input format)."""
+    service = PoolService(conn)
+
     def read(pool: Any) -> Optional[Dict[str, Any]]:
-        spec = spec_from_xml(call("reading pool XML", pool.XMLDesc, libvirt.VIR_STORAGE_XML_INACTIVE))
+        spec = spec_from_xml(service.inactive_xml(pool))
         if spec["type"] not in LIST_TYPES:
             return None
-        item: Dict[str, Any] = {"name": pool.name(), "state": "active" if pool.isActive() else "present",
-                                "autostart": bool(pool.autostart())}
+        item: Dict[str, Any] = {"name": pool.name(), "state": "active" if service.is_active(pool) else "present",
+                                "autostart": service.autostart(pool)}
         item.update({k: v for k, v in spec.items() if v is not None and v != []})
         return item
 
-    return sorted(read_listed(call("listing pools", conn.listAllStoragePools, 0), read), key=lambda i: i["name"])
+    return sorted(read_listed(service.list_all(), read), key=lambda i: i["name"])
 
 
 def render_pool(params: Dict[str, Any]) -> str:
