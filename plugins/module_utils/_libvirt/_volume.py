@@ -101,13 +101,25 @@ def build_xml(name: str, fmt: str, capacity: int, backing: Optional[str], backin
 class VolumeService:
     """The only code that talks to libvirt (and qemu-img) for volumes."""
 
-    def __init__(self, module: AnsibleModule, conn: Any) -> None:
-        self.module = module
+    def __init__(self, module: Optional[AnsibleModule], conn: Any) -> None:
+        self.module = module  # None for the list's reads (gather_volumes): they describe no absent volume
         self.conn = conn
 
     def pool(self, name: str) -> Optional[Any]:
         return lookup("looking up pool %s" % name, self.conn.storagePoolLookupByName, name,
                       (libvirt.VIR_ERR_NO_STORAGE_POOL,))
+
+    def active_pools(self) -> List[Any]:
+        return call("listing pools", self.conn.listAllStoragePools, libvirt.VIR_CONNECT_LIST_STORAGE_POOLS_ACTIVE)
+
+    @staticmethod
+    def pool_active(pool: Any) -> bool:
+        # Uncaught, as ever: run() reports libvirt's own words.
+        return bool(pool.isActive())
+
+    @staticmethod
+    def volumes(pool: Any) -> List[Any]:
+        return call("listing volumes", pool.listAllVolumes, 0)
 
     def volume(self, pool: Any, name: str) -> Optional[Any]:
         return lookup("looking up volume %s" % name, pool.storageVolLookupByName, name,
@@ -227,6 +239,15 @@ class VolumeService:
     def xml(self, vol: Any) -> str:
         return call("reading volume XML", vol.XMLDesc, 0)
 
+    @staticmethod
+    def info(vol: Any) -> Any:
+        """libvirt's (type, capacity, allocation) of a volume."""
+        return call("reading volume info", vol.info)
+
+    @staticmethod
+    def path(vol: Any) -> str:
+        return vol.path()
+
 
 class VolumeRunner(ObjectRunner):
     def __init__(self, module: AnsibleModule, service: VolumeService, local: bool) -> None:
@@ -252,7 +273,7 @@ class VolumeRunner(ObjectRunner):
         if pool is None:
             raise InvalidInputError("pool", p["pool"], "is not a libvirt storage pool",
                                     "create it first (mlinfra.kvm.pool) or name an existing pool")
-        if not pool.isActive():
+        if not self.service.pool_active(pool):
             raise InvalidInputError("pool", p["pool"], "is not active",
                                     "start it (mlinfra.kvm.pool with state: active)")
         vol = self.service.volume(pool, p["name"])
@@ -323,7 +344,7 @@ class VolumeRunner(ObjectRunner):
                 "option state: value 'absent' would delete volume %s (%s) of pool %s, which is in use by %s; "
                 "deleting it would leave those domains without their disk. Remove the domains or their disks "
                 "first (mlinfra.kvm.domain), or set force: true to delete it anyway."
-                % (p["name"], vol.path(), p["pool"], "; ".join(users)), option="force", users=users)
+                % (p["name"], self.service.path(vol), p["pool"], "; ".join(users)), option="force", users=users)
         if users:
             self.module.warn("force: true: deleting volume %s although in use by %s" % (p["name"], "; ".join(users)))
         self.tracker.add("state", "present", "absent")
@@ -519,14 +540,16 @@ def run_volume(module: AnsibleModule, conn: Any, local: bool) -> Dict[str, Any]:
 
 def gather_volumes(conn: Any) -> List[Dict[str, Any]]:
     """Every volume of every active pool as a volumes item (an import's temporary left out)."""
+    service = VolumeService(None, conn)
+
     def read_pool(pool: Any) -> Dict[str, Any]:
-        return {"name": pool.name(), "volumes": call("listing volumes", pool.listAllVolumes, 0)}
+        return {"name": pool.name(), "volumes": service.volumes(pool)}
 
     def read(pool_name: str, vol: Any) -> Optional[Dict[str, Any]]:
         if vol.name().endswith(PARTIAL_SUFFIX):
             return None
-        root = X.parse(call("reading volume XML", vol.XMLDesc, 0))
-        _unused, capacity, _allocation = call("reading volume info", vol.info)
+        root = X.parse(service.xml(vol))
+        _unused, capacity, _allocation = service.info(vol)
         item: Dict[str, Any] = {"name": vol.name(), "pool": pool_name, "capacity": str(capacity)}
         item.update(read_xml(root))
         if item["format"] not in ("qcow2", "raw"):
@@ -534,8 +557,7 @@ def gather_volumes(conn: Any) -> List[Dict[str, Any]]:
         return {k: v for k, v in item.items() if v is not None}
 
     items: List[Dict[str, Any]] = []
-    pools = call("listing pools", conn.listAllStoragePools, libvirt.VIR_CONNECT_LIST_STORAGE_POOLS_ACTIVE)
-    for pool in read_listed(pools, read_pool):
+    for pool in read_listed(service.active_pools(), read_pool):
         items.extend(read_listed(pool["volumes"], lambda vol, name=pool["name"]: read(name, vol)))
     return sorted(items, key=lambda i: (i["pool"], i["name"]))
 
