@@ -29,6 +29,54 @@ def _norm(path: Optional[str]) -> Optional[str]:
     return os.path.normpath(path) if path else None
 
 
+class DiskUsageService:
+    """The libvirt reads of :class:`DiskUsage`, the only libvirt calls of the guards (the network
+    guard reads through ``_network.NetworkService``). It only reads."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def domains(self) -> List[Any]:
+        return call("listing domains", self.conn.listAllDomains, 0)
+
+    @staticmethod
+    def is_active(dom: Any) -> bool:
+        # Uncaught, as ever: the caller's run() reports libvirt's own words.
+        return bool(dom.isActive())
+
+    @staticmethod
+    def domain_xml(dom: Any, inactive: bool) -> Optional[str]:
+        """The persistent (``inactive``) or the live XML; None when the domain went away while we
+        listed: it uses nothing."""
+        try:
+            return dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return None
+            err = error_of(exc)
+            raise LibvirtCallError("reading the XML of domain %s" % dom.name(), err["code"], err["message"],
+                                   err["domain"])
+
+    def pool_volume_path(self, pool_name: str, vol_name: str) -> Optional[str]:
+        """The path of a volume of an active pool; None when either is not there (or the pool is inactive)."""
+        pool = lookup("looking up pool %s" % pool_name, self.conn.storagePoolLookupByName, pool_name,
+                      (libvirt.VIR_ERR_NO_STORAGE_POOL,))
+        if pool is None or not pool.isActive():
+            return None
+        vol = lookup("looking up volume %s" % vol_name, pool.storageVolLookupByName, vol_name,
+                     (libvirt.VIR_ERR_NO_STORAGE_VOL,))
+        return vol.path() if vol is not None else None
+
+    def volume_at(self, path: str) -> Optional[Any]:
+        """The volume libvirt knows at ``path``; None when it knows none."""
+        return lookup("looking up volume %s" % path, self.conn.storageVolLookupByPath, path,
+                      (libvirt.VIR_ERR_NO_STORAGE_VOL,))
+
+    @staticmethod
+    def volume_xml(vol: Any) -> str:
+        return call("reading volume XML", vol.XMLDesc, 0)
+
+
 class DiskUsage:
     """Every disk of every defined domain, read once: who uses which path or pool volume.
 
@@ -39,33 +87,23 @@ class DiskUsage:
     """
 
     def __init__(self, conn: Any) -> None:
-        self.conn = conn
+        self.service = DiskUsageService(conn)
         self.direct: Dict[str, Set[str]] = {}
         self.refs: Dict[Tuple[str, str], Set[str]] = {}
         self.backing: Dict[str, Set[Tuple[str, str]]] = {}
-        for dom in call("listing domains", conn.listAllDomains, 0):
+        for dom in self.service.domains():
             self._read_domain(dom)
 
     def _read_domain(self, dom: Any) -> None:
         name = dom.name()
         # The persistent definition and, for a running domain, the live one (a disk may have
         # been hot-plugged or removed); libvirt's live XML also carries the backing chain.
-        xmls = [self._xml(dom, libvirt.VIR_DOMAIN_XML_INACTIVE)]
-        if dom.isActive():
-            xmls.append(self._xml(dom, 0))
+        xmls = [self.service.domain_xml(dom, inactive=True)]
+        if self.service.is_active(dom):
+            xmls.append(self.service.domain_xml(dom, inactive=False))
         for xml in filter(None, xmls):
             for disk in X.parse(xml).findall("devices/disk"):
                 self._read_disk(name, disk)
-
-    def _xml(self, dom: Any, flags: int) -> Optional[str]:
-        try:
-            return dom.XMLDesc(flags)
-        except libvirt.libvirtError as exc:  # the domain went away while we listed: it uses nothing
-            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                return None
-            err = error_of(exc)
-            raise LibvirtCallError("reading the XML of domain %s" % dom.name(), err["code"], err["message"],
-                                   err["domain"])
 
     def _read_disk(self, domain: str, disk: Any) -> None:
         source = disk.find("source")
@@ -74,22 +112,13 @@ class DiskUsage:
         path = _norm(source.get("file") or source.get("dev"))
         if source.get("pool") and source.get("volume"):
             self.refs.setdefault((source.get("pool"), source.get("volume")), set()).add(domain)
-            path = path or self._pool_volume_path(source.get("pool"), source.get("volume"))
+            path = path or _norm(self.service.pool_volume_path(source.get("pool"), source.get("volume")))
         if not path:
             return
         self.direct.setdefault(path, set()).add(domain)
         for below in self._chain_from_xml(disk) | self._chain_from_volumes(path):
             if below != path:
                 self.backing.setdefault(below, set()).add((domain, path))
-
-    def _pool_volume_path(self, pool_name: str, vol_name: str) -> Optional[str]:
-        pool = lookup("looking up pool %s" % pool_name, self.conn.storagePoolLookupByName, pool_name,
-                      (libvirt.VIR_ERR_NO_STORAGE_POOL,))
-        if pool is None or not pool.isActive():
-            return None
-        vol = lookup("looking up volume %s" % vol_name, pool.storageVolLookupByName, vol_name,
-                     (libvirt.VIR_ERR_NO_STORAGE_VOL,))
-        return _norm(vol.path()) if vol is not None else None
 
     @staticmethod
     def _chain_from_xml(disk: Any) -> Set[str]:
@@ -107,11 +136,10 @@ class DiskUsage:
         found: Set[str] = set()
         current: Optional[str] = path
         while current and len(found) < MAX_CHAIN:
-            vol = lookup("looking up volume %s" % current, self.conn.storageVolLookupByPath, current,
-                         (libvirt.VIR_ERR_NO_STORAGE_VOL,))
+            vol = self.service.volume_at(current)
             if vol is None:
                 break
-            below = _norm(X.text(X.parse(call("reading volume XML", vol.XMLDesc, 0)), "backingStore/path"))
+            below = _norm(X.text(X.parse(self.service.volume_xml(vol)), "backingStore/path"))
             if not below or below in found or below == path:
                 break
             found.add(below)
