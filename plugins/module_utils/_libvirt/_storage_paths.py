@@ -59,18 +59,24 @@ def check_allowed_paths(value: Any) -> List[str]:
     return paths
 
 
-def pool_targets(conn: Any) -> List[Tuple[str, str]]:
-    """(pool name, target path) of every pool the host defines, active or not."""
-    targets = []
-    for pool in call("listing storage pools", conn.listAllStoragePools, 0):
-        try:
-            root = X.parse(pool.XMLDesc(libvirt.VIR_STORAGE_XML_INACTIVE))
-        except libvirt.libvirtError:
-            continue  # removed by someone else since the listing: it holds nothing now
-        target = X.text(root, "target/path")
-        if target and target.startswith("/"):
-            targets.append((pool.name(), target))
-    return sorted(targets)
+class StoragePolicyService:
+    """What the policy reads from libvirt (the only libvirt calls of this module)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def pool_targets(self) -> List[Tuple[str, str]]:
+        """(pool name, target path) of every pool the host defines, active or not."""
+        targets = []
+        for pool in call("listing storage pools", self.conn.listAllStoragePools, 0):
+            try:
+                root = X.parse(pool.XMLDesc(libvirt.VIR_STORAGE_XML_INACTIVE))
+            except libvirt.libvirtError:
+                continue  # removed by someone else since the listing: it holds nothing now
+            target = X.text(root, "target/path")
+            if target and target.startswith("/"):
+                targets.append((pool.name(), target))
+        return sorted(targets)
 
 
 def _inside(path: str, root: str) -> bool:
@@ -91,7 +97,7 @@ class StoragePolicy:
 
     @classmethod
     def of_host(cls, conn: Any, allowed: Any, local: bool) -> "StoragePolicy":
-        return cls(pool_targets(conn), check_allowed_paths(allowed), local)
+        return cls(StoragePolicyService(conn).pool_targets(), check_allowed_paths(allowed), local)
 
     def resolve(self, path: str) -> str:
         return os.path.realpath(path) if self.local else os.path.normpath(path)
