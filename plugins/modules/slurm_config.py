@@ -24,14 +24,14 @@ description:
   - Refuses, before anything is written and in check mode too, what slurmctld would reject or
     misread - a partition naming an undeclared node, two nodes at one address, a GPU without an
     absolute device path, a value with a space or C(#) - naming the option, the value and the fix.
-  - "With O(local_node): a GPU declared for this host's node that is not a character device here is
-    refused (slurmd would fail with an invalid GRES); CPUs or memory above the host's are returned
-    in RV(local_mismatch) so the caller can drain the node with that reason."
+  - "With O(local_node): a GPU declared for this host's node that is not a character device here (for
+    a MIG device, any of its files) is refused (slurmd would fail with an invalid GRES); CPUs or memory
+    above the host's are returned in RV(local_mismatch) so the caller can drain the node with that reason."
   - Says what the running cluster needs to take the change - RV(restart_required) (the node set, ports,
     authentication, plugins; gres.conf and cgroup.conf, read by slurmd at start) or
     RV(reconfigure_required) (C(scontrol reconfigure)) - and does neither itself.
-  - Debian's Slurm 22.05 has no NVML autodetection, so each GPU's device file comes from the
-    caller's facts (M(mlinfra.kvm.nvidia_smi_info), M(mlinfra.kvm.pci_info)).
+  - Debian's Slurm 22.05 has no NVML autodetection, so each GPU's device file, and each MIG device's
+    files, come from the caller's facts (M(mlinfra.kvm.nvidia_smi_info), M(mlinfra.kvm.pci_info)).
 options:
   config_dir:
     description: Directory of the three files.
@@ -101,15 +101,28 @@ options:
         description: Memory the node offers, in MB (RealMemory); memory becomes a consumable when every node gives it.
         type: int
       gpus:
-        description: The node's GPUs, one entry per device (a MIG instance is a GPU of its own type).
+        description:
+          - The node's GPUs, one entry per device (a MIG device is a GPU of its own type), each with
+            exactly one of O(nodes[].gpus[].file) and O(nodes[].gpus[].files); an entry with both or
+            neither is refused naming it.
+          - Slurm forbids typed and untyped GPUs on one node, so that is refused too; a node with MIG
+            devices types its whole GPUs as well (for example by model, C(nvidia_h200)).
         type: list
         elements: dict
         default: []
         suboptions:
           file:
-            description: Its device file, e.g. C(/dev/nvidia0).
+            description: A whole GPU's device file, e.g. C(/dev/nvidia0) (gres.conf C(File)).
             type: path
-            required: true
+          files:
+            description:
+              - A MIG device's device files (gres.conf C(MultipleFiles), Slurm 21.08 and later), its GPU's
+                device file first, then its GPU instance's and compute instance's capability files, e.g.
+                C([/dev/nvidia0, /dev/nvidia-caps/nvidia-cap21, /dev/nvidia-caps/nvidia-cap22]);
+                M(mlinfra.kvm.nvidia_smi_info) returns them as C(mig_devices[].files).
+              - The MIG devices of one GPU share its device file; every other file belongs to one entry.
+            type: list
+            elements: path
           type:
             description: GRES type (e.g. C(h200), or a MIG profile such as C(1g.18gb)); jobs may ask for it.
             type: str
@@ -200,6 +213,19 @@ EXAMPLES = r'''
       - {name: gpu, default: true}
     local_node: "{{ inventory_hostname_short if inventory_hostname in groups['workers'] else omit }}"
   register: slurm_conf
+
+- name: A node whose first H200 is split into two MIG devices, beside a whole second H200
+  mlinfra.kvm.slurm_config:
+    cluster_name: lab
+    controller: {host: tracking}
+    nodes:
+      - name: worker1
+        gpus:
+          - {type: 3g.71gb, files: [/dev/nvidia0, /dev/nvidia-caps/nvidia-cap12, /dev/nvidia-caps/nvidia-cap13]}
+          - {type: 3g.71gb, files: [/dev/nvidia0, /dev/nvidia-caps/nvidia-cap21, /dev/nvidia-caps/nvidia-cap22]}
+          - {type: nvidia_h200, file: /dev/nvidia1}
+    partitions:
+      - {name: gpu, default: true}
 '''
 
 RETURN = r'''

@@ -9,10 +9,11 @@ every host renders the same three files from it: ``slurm.conf``, ``gres.conf`` a
 here depends on the host that renders them; the host-side checks live in the runner.
 
 ``check_cluster`` refuses what slurmctld would reject (a partition naming an unknown node, two
-nodes at one address, a GPU without a device file, a GRES type with characters Slurm's parser
-splits on), before anything is written. ``daemons_to_restart`` says which changes Slurm can
-take with ``scontrol reconfigure`` and which need a restart (slurm.conf(5): the node set,
-ports, plugins, state location; gres.conf and cgroup.conf are read by slurmd at start).
+nodes at one address, a GPU without a device file or with both File and MultipleFiles, typed and
+untyped GPUs on one node, a GRES type with characters Slurm's parser splits on), before
+anything is written. ``daemons_to_restart`` says which changes Slurm can take with ``scontrol
+reconfigure`` and which need a restart (slurm.conf(5): the node set, ports, plugins, state
+location; gres.conf and cgroup.conf are read by slurmd at start).
 """
 from __future__ import annotations
 
@@ -101,19 +102,51 @@ def _check_nodes(nodes: Sequence[Dict[str, Any]]) -> None:
                        "declare the node's gpus, or leave shards out")
 
 
+def gpu_files(option: str, gpu: Dict[str, Any]) -> List[Tuple[str, str, bool]]:
+    """(option, path, shareable) of each device file of one GPU entry: its ``file`` (a whole GPU),
+    or each of its ``files`` (a MIG device). Only the first of ``files``, the parent GPU's device
+    file, is shareable: every MIG device of that GPU needs it."""
+    has_file, has_files = gpu.get("file") is not None, gpu.get("files") is not None
+    if has_file == has_files:
+        raise _bad(option, {"file": gpu.get("file"), "files": gpu.get("files")},
+                   "gives both file and files" if has_file else "gives neither file nor files",
+                   "give file for a whole GPU (e.g. /dev/nvidia0), or files for a MIG device (its GPU's device file, then "
+                   "its GPU and compute instance capability files: nvidia_smi_info's mig_devices[].files)")
+    if has_file:
+        return [(option + ".file", gpu["file"], False)]
+    if not gpu["files"]:
+        raise _bad(option + ".files", gpu["files"], "is empty", "give the MIG device's files, or file for a whole GPU")
+    return [("%s.files[%d]" % (option, k), path, k == 0) for k, path in enumerate(gpu["files"])]
+
+
 def _check_gpus(where: str, gpus: Sequence[Dict[str, Any]]) -> None:
-    files: Dict[str, int] = {}
+    owners: Dict[str, Tuple[int, bool]] = {}
     for j, gpu in enumerate(gpus):
         option = "%s.gpus[%d]" % (where, j)
-        path = gpu.get("file") or ""
-        if not path.startswith("/") or not VALUE_RE.match(path):
-            raise _bad(option + ".file", path, "is not an absolute device path", "give the GPU's device file, e.g. /dev/nvidia0")
-        if path in files:
-            raise _bad(option + ".file", path, "is also gpus[%d]'s device" % files[path], "give each GPU its own device file")
-        files[path] = j
+        for file_option, path, shareable in gpu_files(option, gpu):
+            path = path or ""
+            if not path.startswith("/") or not VALUE_RE.match(path):
+                raise _bad(file_option, path, "is not an absolute device path", "give the GPU's device file, e.g. /dev/nvidia0")
+            if gpu.get("files") is not None and "," in path:
+                raise _bad(file_option, path, "holds ',', which MultipleFiles reads as a separator", "give one path per item")
+            if path in owners:
+                first, first_shareable = owners[path]
+                if first == j:
+                    raise _bad(file_option, path, "is listed twice in the same GPU", "list each device file once")
+                if not (shareable and first_shareable):
+                    raise _bad(file_option, path, "is also gpus[%d]'s device" % first,
+                               "give each GPU its own device file (only MIG devices share their GPU's, first in files)")
+            else:
+                owners[path] = (j, shareable)
         if gpu.get("type"):
             if not NAME_RE.match(gpu["type"]) or ":" in gpu["type"]:
                 raise _bad(option + ".type", gpu["type"], "is not a GRES type name", "use letters, digits, '.', '_' or '-'")
+    # slurm.conf(5), Gres: "It is forbidden to specify both an untyped GRES and a typed GRES with the same
+    # <name>" - a node with MIG devices (typed by profile) types its whole GPUs too.
+    if len({bool(gpu.get("type")) for gpu in gpus}) > 1:
+        raise _bad(where + ".gpus", [gpu.get("type") for gpu in gpus],
+                   "mixes typed and untyped GPUs, which slurm.conf forbids for one GRES name",
+                   "give every GPU of the node a type (a MIG profile, or the model such as nvidia_h200), or none")
 
 
 def _check_partitions(partitions: Sequence[Dict[str, Any]], node_names: List[str]) -> None:
@@ -240,15 +273,21 @@ def render_slurm_conf(req: Dict[str, Any]) -> str:
 
 
 def render_gres_conf(req: Dict[str, Any]) -> str:
-    """One line per GPU (File= names its device: Debian's Slurm has no NVML autodetection),
-    and one Count= line per node that shares its GPUs as shards."""
+    """One line per GPU (File= names its device: Debian's Slurm has no NVML autodetection) or MIG
+    device (MultipleFiles=), and one Count= line per node that shares its GPUs as shards."""
     lines = [HEADER]
     for node in req["nodes"]:
         for gpu in node.get("gpus") or []:
             fields = ["NodeName=%s" % node["name"], "Name=gpu"]
             if gpu.get("type"):
                 fields.append("Type=%s" % gpu["type"])
-            fields.append("File=%s" % gpu["file"])
+            # A MIG device is its GPU's device file plus its two capability files, one GRES
+            # (gres.conf(5) of Slurm 22.05, MultipleFiles; Slurm's own NVML autodetection builds
+            # the same list in src/plugins/gpu/nvml/gpu_nvml.c, _handle_mig).
+            if gpu.get("files") is not None:
+                fields.append("MultipleFiles=%s" % ",".join(gpu["files"]))
+            else:
+                fields.append("File=%s" % gpu["file"])
             lines.append(" ".join(fields) + "\n")
         if node.get("shards"):
             lines.append("NodeName=%s Name=shard Count=%d\n" % (node["name"], int(node["shards"])))

@@ -5,8 +5,8 @@
 the request, write only what differs, and say what Slurm needs to take the change.
 
 The files are the same on every host (``_conf``). What only this host can know is checked
-here, for the node the host runs (``local_node``): a GPU the request gives it that has no
-device file is refused before anything is written (slurmd would fail at start with "Invalid
+here, for the node the host runs (``local_node``): a GPU (or any of a MIG device's files) the
+request gives it that has no device file is refused before anything is written (slurmd would fail at start with "Invalid
 GRES"); CPUs or memory below the request are not an input error but a node that must not take
 jobs, returned as ``local_mismatch`` for the role to drain it with that reason.
 """
@@ -84,11 +84,19 @@ class SlurmConfigRunner(ObjectRunner):
     def _check_local_gpus(self, node: Dict[str, Any]) -> None:
         index = self.request["nodes"].index(node)
         for j, gpu in enumerate(node.get("gpus") or []):
-            if not self.service.is_char_device(gpu["file"]):
+            mig = gpu.get("files") is not None
+            for option, path, _shareable in _conf.gpu_files("nodes[%d].gpus[%d]" % (index, j), gpu):
+                if self.service.is_char_device(path):
+                    continue
+                if not mig:
+                    raise InvalidInputError(
+                        option, path, "is not a character device on this host, so node %s does not have this GPU" % node["name"],
+                        "declare only the GPUs the node has (its nvidia_smi_info or pci_info facts), or load its driver first")
+                # A MIG device's capability nodes exist only while its GPU and compute instances do.
                 raise InvalidInputError(
-                    "nodes[%d].gpus[%d].file" % (index, j), gpu["file"],
-                    "is not a character device on this host, so node %s does not have this GPU" % node["name"],
-                    "declare only the GPUs the node has (its nvidia_smi_info or pci_info facts), or load its driver first")
+                    option, path, "is not a character device on this host, so node %s does not have this MIG device" % node["name"],
+                    "declare only the MIG devices the node has now (nvidia_smi_info's mig_devices), or create them first "
+                    "(mlinfra.kvm.nvidia_mig)")
 
     def local_mismatch(self) -> List[str]:
         local = self.request.get("local_node")

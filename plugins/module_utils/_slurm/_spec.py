@@ -8,7 +8,9 @@ from typing import Any, Dict
 
 
 def slurm_config_spec() -> Dict[str, Any]:
-    gpu = dict(file=dict(type="path", required=True), type=dict(type="str"))
+    # Exactly one of file (a whole GPU) and files (a MIG device): _conf.gpu_files says which is
+    # missing or doubled, naming the node and the GPU, which Ansible's own check would not.
+    gpu = dict(file=dict(type="path"), files=dict(type="list", elements="path"), type=dict(type="str"))
     node = dict(name=dict(type="str", required=True), address=dict(type="str"), cpus=dict(type="int"),
                 memory_mb=dict(type="int"),
                 gpus=dict(type="list", elements="dict", default=[], options=gpu),

@@ -47,7 +47,7 @@ def test_four_ways_then_a_partition_change_asks_for_a_reconfigure(tmp_path):
 
 def test_a_gpu_this_host_does_not_have_is_refused_and_nothing_is_written(tmp_path):
     bad = args(tmp_path)
-    bad["nodes"][0]["gpus"].append({"file": str(tmp_path / "nvidia7")})
+    bad["nodes"][0]["gpus"].append({"file": str(tmp_path / "nvidia7"), "type": "h200"})
     for check in (True, False):
         res = run_module_process("slurm_config", bad, check=check)
         assert res["failed"] and "nodes[0].gpus[1].file" in res["msg"] and "does not have this GPU" in res["msg"], res
@@ -64,3 +64,45 @@ def test_more_cpus_than_the_host_has_is_a_mismatch_to_drain_not_an_error(tmp_pat
 def test_an_unknown_local_node_is_refused(tmp_path):
     res = run_module_process("slurm_config", args(tmp_path, local_node="w9"))
     assert res["failed"] and "local_node" in res["msg"] and "w1, w2" in res["msg"]
+
+
+def cap_device(tmp_path: Path, minor: int) -> str:
+    """A stand-in for /dev/nvidia-caps/nvidia-capN (a character device, as the driver makes it)."""
+    path = tmp_path / ("nvidia-cap%d" % minor)
+    os.mknod(str(path), 0o400 | 0o020000, os.makedev(237, minor))
+    return str(path)
+
+
+def mig_args(tmp_path: Path, ci_cap: str):
+    parent = gpu_device(tmp_path, 0)
+    return args(tmp_path, nodes=[{"name": "w1", "cpus": 1, "gpus": [
+        {"type": "3g.71gb", "files": [parent, cap_device(tmp_path, 12), ci_cap]}]}])
+
+
+def test_a_mig_device_whose_capability_file_this_host_lacks_is_refused_and_nothing_is_written(tmp_path):
+    missing = str(tmp_path / "nvidia-cap13")
+    for check in (True, False):
+        (tmp_path / str(check)).mkdir()
+        res = run_module_process("slurm_config", mig_args(tmp_path / str(check), missing), check=check)
+        assert res["failed"] and "option nodes[0].gpus[0].files[2]" in res["msg"], res
+        assert "does not have this MIG device" in res["msg"] and missing in res["msg"], res
+        assert not (tmp_path / str(check) / "etc").exists()
+
+
+def test_a_mig_device_this_host_has_is_written_as_multiple_files(tmp_path):
+    request = mig_args(tmp_path, cap_device(tmp_path, 13))
+    res = run_module_process("slurm_config", request)
+    assert not res["failed"] and res["changed"], res
+    line = "NodeName=w1 Name=gpu Type=3g.71gb MultipleFiles=%s" % ",".join(request["nodes"][0]["gpus"][0]["files"])
+    assert line in (tmp_path / "etc" / "gres.conf").read_text().splitlines()
+    assert "Gres=gpu:3g.71gb:1" in (tmp_path / "etc" / "slurm.conf").read_text()
+
+
+@pytest.mark.parametrize("gpu,words", [
+    ({"file": "/dev/nvidia0", "files": ["/dev/nvidia0"]}, "gives both file and files"),
+    ({"type": "h200"}, "gives neither file nor files"),
+])
+def test_a_gpu_with_both_file_and_files_or_neither_is_refused_naming_it(tmp_path, gpu, words):
+    res = run_module_process("slurm_config", args(tmp_path, nodes=[{"name": "w1", "gpus": [gpu]}], local_node=None))
+    assert res["failed"] and "option nodes[0].gpus[0]" in res["msg"] and words in res["msg"], res
+    assert not (tmp_path / "etc").exists()

@@ -54,6 +54,52 @@ def test_a_sound_cluster_renders_one_node_line_per_node_and_one_gres_line_per_gp
     assert "ConstrainDevices=yes" in files["cgroup.conf"]
 
 
+# A node with two MIG devices of its first H200 (GPU instances 1 and 2, each with compute instance 0;
+# their capability minors as tests/fixtures/mig/mig-minors gives them) and a whole second H200.
+MIG_NODE = {"name": "worker3", "address": "192.168.130.13", "cpus": 8, "memory_mb": 30000, "shards": 0, "features": [],
+            "gpus": [{"file": None, "type": "3g.71gb",
+                      "files": ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"]},
+                     {"file": None, "type": "1g.18gb",
+                      "files": ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]},
+                     {"file": "/dev/nvidia1", "type": "nvidia_h200", "files": None}]}
+
+
+def test_a_node_with_two_mig_devices_and_a_whole_gpu_renders_multiple_files_and_typed_counts():
+    request = req(nodes=copy.deepcopy(BASE["nodes"]) + [copy.deepcopy(MIG_NODE)])
+    _conf.check_cluster(request)
+    files = _conf.render_all(request)
+    assert ("NodeName=worker3 NodeAddr=192.168.130.13 CPUs=8 RealMemory=30000 Gres=gpu:3g.71gb:1,gpu:1g.18gb:1,gpu:nvidia_h200:1 "
+            "State=UNKNOWN") in files["slurm.conf"].splitlines()
+    assert [line for line in files["gres.conf"].splitlines() if line.startswith("NodeName=worker3")] == [
+        "NodeName=worker3 Name=gpu Type=3g.71gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap12,/dev/nvidia-caps/nvidia-cap13",
+        "NodeName=worker3 Name=gpu Type=1g.18gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia-cap22",
+        "NodeName=worker3 Name=gpu Type=nvidia_h200 File=/dev/nvidia1"]
+
+
+def mig_broken(gpu: int, **over):
+    node = copy.deepcopy(MIG_NODE)
+    node["gpus"][gpu].update(over)
+    return req(nodes=[node])
+
+
+@pytest.mark.parametrize("request_,option,words", [
+    (mig_broken(0, file="/dev/nvidia0"), "nodes[0].gpus[0]", "gives both file and files"),
+    (mig_broken(2, file=None), "nodes[0].gpus[2]", "gives neither file nor files"),
+    (mig_broken(0, files=[]), "nodes[0].gpus[0].files", "is empty"),
+    (mig_broken(0, files=["/dev/nvidia0", "nvidia-cap12"]), "nodes[0].gpus[0].files[1]", "not an absolute device path"),
+    (mig_broken(0, files=["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12,13"]), "nodes[0].gpus[0].files[1]", "separator"),
+    (mig_broken(0, files=["/dev/nvidia0", "/dev/nvidia0"]), "nodes[0].gpus[0].files[1]", "listed twice"),
+    (mig_broken(1, files=["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap22"]),
+     "nodes[0].gpus[1].files[1]", "also gpus[0]'s device"),
+    (mig_broken(2, file="/dev/nvidia0"), "nodes[0].gpus[2].file", "also gpus[0]'s device"),
+    (mig_broken(2, type=None), "nodes[0].gpus", "mixes typed and untyped GPUs"),
+])
+def test_mig_devices_slurmctld_would_reject_are_refused_naming_the_option(request_, option, words):
+    with pytest.raises(InvalidInputError) as err:
+        _conf.check_cluster(request_)
+    assert "option %s" % option in str(err.value.msg) and words in err.value.msg, err.value.msg
+
+
 def test_without_systemd_the_cluster_tracks_processes_without_cgroups():
     conf = _conf.render_slurm_conf(req(proctrack="linuxproc"))
     assert "ProctrackType=proctrack/linuxproc" in conf and "TaskPlugin=task/none" in conf
