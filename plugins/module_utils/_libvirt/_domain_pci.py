@@ -9,8 +9,9 @@ Two sources with one interface, both returning ``_pci``'s :class:`PciDevice` rec
 * :class:`SysfsPci` reads ``<sysfs_root>`` through ``_pci``'s :class:`PciScanner` (the reader
   pci_info and vfio_pci use) on the machine the module runs on. ``sysfs_root`` is the test
   seam: tests point it at a synthetic tree.
-* :class:`NodeDevPci` asks libvirt's node device API, so the checks also work when libvirt
-  runs on another host (a remote URI), where the local /sys says nothing.
+* :class:`NodeDevPci` asks libvirt's node device API (through :class:`NodeDeviceService`, the
+  only code here that calls libvirt), so the checks also work when libvirt runs on another host
+  (a remote URI), where the local /sys says nothing.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 from ._domain_spec import pci_string
 from .._core._errors import KvmError
-from ._connection import call
+from ._connection import call, libvirt
 from .._host._pci import PciDevice, PciScanner
 from .._host._sysfs import Roots
 from .._core._xml import parse
@@ -46,22 +47,34 @@ class SysfsPci:
         return "sysfs under %s" % self.root
 
 
+class NodeDeviceService:
+    """The only code that calls libvirt's node device API."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def pci_devices(self) -> List[Any]:
+        return call("listing the host's PCI devices", self.conn.listAllDevices,
+                    libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_PCI_DEV)
+
+    @staticmethod
+    def xml(dev: Any) -> str:
+        return call("reading node device %s" % dev.name(), dev.XMLDesc, 0)
+
+
 class NodeDevPci:
     """PCI devices from libvirt's node device API (works for remote URIs too)."""
 
     def __init__(self, conn: Any) -> None:
-        self.conn = conn
+        self.service = NodeDeviceService(conn)
         self._cache: Optional[Dict[str, PciDevice]] = None
         self._groups: Dict[int, List[str]] = {}
 
     def devices(self) -> Dict[str, PciDevice]:
         if self._cache is None:
-            import libvirt  # type: ignore  # only reached with libvirt present
             found: Dict[str, PciDevice] = {}
-            nodedevs = call("listing the host's PCI devices", self.conn.listAllDevices,
-                            libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_PCI_DEV)
-            for dev in nodedevs:
-                root = parse(call("reading node device %s" % dev.name(), dev.XMLDesc, 0))
+            for dev in self.service.pci_devices():
+                root = parse(self.service.xml(dev))
                 cap = root.find("capability[@type='pci']")
                 if cap is None:
                     continue
