@@ -87,7 +87,7 @@ except ImportError:  # pragma: no cover - depends on the controller
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_read import (
     first_ipv4, interfaces_with_addresses, read_sizes)
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_service import lease_map, state_name, state_reason
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_service import DomainService, state_name, state_reason
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_spec import read_metadata
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import KvmError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import parse
@@ -143,7 +143,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             flags = 0 if self.get_option("include_inactive") else libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE
             # One call for all domains and their states.
             stats = conn.getAllDomainStats(libvirt.VIR_DOMAIN_STATS_STATE, flags)
-            leases = lease_map(conn)
+            leases = DomainService(conn, uri).lease_map()
             out = []
             for dom, values in stats:
                 name = dom.name()  # cached in the object: no round trip

@@ -18,16 +18,16 @@ from .._core._runner import ObjectRunner
 from ._domain_read import ACTIVE_STATES, sizes
 from ._domain_request import DomainRequest
 from ._storage_paths import ALLOWED_PATHS_SPEC
-from ._domain_service import DomainService, state_name, unexpected_reason
+from ._domain_service import DomainService, unexpected_reason
 from ._domain_spec import (
     FIELDS, LIVE_FIELDS, apply_fields, build_new, differing_fields, disk_element, field_option_specs,
     format_cpuset, hostdev_element, read_fields, read_memballoon)
 from .._core._errors import ConflictError, InvalidInputError, KvmError
 from .._core._host_lock import local_object_lock
-from ._connection import LIBVIRT_ARGSPEC, call, libvirt
+from ._connection import LIBVIRT_ARGSPEC
 from ._resource_list import ResourceKind, list_call_cache, read_listed
 from .._core._validate import object_name
-from .._core._xml import parse, to_string
+from .._core._xml import to_string
 
 SUMMARY_FIELDS = ("virt_type", "machine", "vcpus", "max_vcpus", "memory_kib", "max_memory_kib",
                   "interfaces", "disks", "cdroms", "hostdevs", "metadata")
@@ -448,13 +448,15 @@ def domain_item(name: str, root: Any, state: str, autostart: bool) -> Dict[str, 
 
 def gather_domains(conn: Any) -> List[Dict[str, Any]]:
     """Every defined domain as a domains item (the module's own input format)."""
-    def read(dom: Any) -> Dict[str, Any]:
-        flags = libvirt.VIR_DOMAIN_XML_INACTIVE
-        root = parse(call("reading the inactive XML of %s" % dom.name(), dom.XMLDesc, flags))
-        state = state_name(call("reading the state of %s" % dom.name(), dom.state)[0])
-        return domain_item(dom.name(), root, state, bool(dom.autostart()))
+    # The URI matters only to the host checks (local paths, PCI, limits): a gathered read makes none.
+    service = DomainService(conn, "")
 
-    return sorted(read_listed(call("listing domains", conn.listAllDomains, 0), read), key=lambda i: i["name"])
+    def read(dom: Any) -> Dict[str, Any]:
+        root = service.inactive_root(dom, secure=False)
+        state = service.state(dom)
+        return domain_item(dom.name(), root, state, service.autostart_uncaught(dom))
+
+    return sorted(read_listed(service.list_all(), read), key=lambda i: i["name"])
 
 
 class OfflineDomainService:

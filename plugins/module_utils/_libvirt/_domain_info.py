@@ -17,9 +17,9 @@ from typing import Any, Dict, List
 
 from .._core._validate import object_name
 from ._domain_read import ACTIVE_STATES, interfaces_with_addresses, read_sizes
-from ._domain_service import DomainService, lease_map
+from ._domain_service import DomainService
 from ._domain_spec import hostdev_addresses, read_cdroms, read_disks, read_metadata
-from ._connection import LIBVIRT_ARGSPEC, Connection, call, libvirt
+from ._connection import LIBVIRT_ARGSPEC, Connection
 
 
 def argument_spec() -> Dict[str, Any]:
@@ -40,7 +40,6 @@ class DomainInfoReader:
     def __init__(self, params: Dict[str, Any], service: DomainService) -> None:
         self.params = params
         self.service = service
-        self.conn = service.conn
 
     def run(self) -> Dict[str, Any]:
         name = self.params.get("name")
@@ -48,19 +47,16 @@ class DomainInfoReader:
             dom = self.service.lookup(object_name("name", name))
             doms = [dom] if dom is not None else []
         else:
-            doms = call("listing domains", self.conn.listAllDomains, 0)
+            doms = self.service.list_all()
         stats = self.all_stats(doms) if self.params["stats"] and doms else {}
-        leases = lease_map(self.conn) if doms else {}
+        leases = self.service.lease_map() if doms else {}
         out = [self.describe(dom, stats.get(dom.UUIDString(), {}), leases) for dom in doms]
         return {"changed": False, "exists": bool(doms) if name else bool(out),
                 "domains": sorted(out, key=lambda d: d["name"])}
 
     def all_stats(self, doms: List[Any]) -> Dict[str, Dict[str, Any]]:
         """Statistics of all domains in one call (inactive domains report no values)."""
-        wanted = (libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL
-                  | libvirt.VIR_DOMAIN_STATS_BALLOON | libvirt.VIR_DOMAIN_STATS_BLOCK)
-        found = call("reading domain statistics", self.conn.domainListGetStats, doms, wanted, 0)
-        return {dom.UUIDString(): values for dom, values in found}
+        return {dom.UUIDString(): values for dom, values in self.service.stats(doms)}
 
     def describe(self, dom: Any, raw: Dict[str, Any], leases: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
         state, reason = self.service.state_and_reason(dom)
@@ -70,7 +66,7 @@ class DomainInfoReader:
         interfaces = interfaces_with_addresses(root, leases, self.agent_addresses(dom, root, active))
         disks = [dict(d, device="disk") for d in read_disks(root)] + \
                 [dict(d, device="cdrom") for d in read_cdroms(root)]
-        persistent = bool(call("reading %s" % dom.name(), dom.isPersistent))
+        persistent = self.service.is_persistent(dom)
         return {
             "name": dom.name(), "uuid": dom.UUIDString(), "state": state, "state_reason": reason,
             "persistent": persistent,

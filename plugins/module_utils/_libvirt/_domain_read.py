@@ -6,7 +6,7 @@
 (vCPUs, MiB) and the interfaces with their addresses.
 
 State names and the DHCP lease map come from ``_domain_service`` (``state_name``,
-``state_reason``, ``lease_map``), the XML readers from ``_domain_spec``; this module only puts
+``state_reason``, ``DomainService.lease_map``), the XML readers from ``_domain_spec``; this module only puts
 them together, so the three reports cannot drift apart."""
 from __future__ import annotations
 

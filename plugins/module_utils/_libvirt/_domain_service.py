@@ -80,9 +80,13 @@ class DomainService:
         return lookup("looking up domain %s" % name, self.conn.lookupByName, name,
                       (libvirt.VIR_ERR_NO_DOMAIN,))
 
-    def inactive_root(self, dom: Any) -> Any:
-        # SECURE keeps secrets (e.g. VNC passwords) that a redefinition must not lose.
-        flags = libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE
+    def list_all(self) -> List[Any]:
+        return call("listing domains", self.conn.listAllDomains, 0)
+
+    def inactive_root(self, dom: Any, secure: bool = True) -> Any:
+        # SECURE keeps secrets (e.g. VNC passwords) that a redefinition must not lose; a
+        # gathered domains item asks without it (secure=False).
+        flags = libvirt.VIR_DOMAIN_XML_INACTIVE | (libvirt.VIR_DOMAIN_XML_SECURE if secure else 0)
         return parse(call("reading the inactive XML of %s" % dom.name(), dom.XMLDesc, flags))
 
     def live_root(self, dom: Any) -> Any:
@@ -101,6 +105,22 @@ class DomainService:
 
     def autostart(self, dom: Any) -> bool:
         return bool(call("reading autostart of %s" % dom.name(), dom.autostart))
+
+    @staticmethod
+    def autostart_uncaught(dom: Any) -> bool:
+        """autostart without call(), as the domains list's gathered read has always asked it: a
+        libvirtError goes up as libvirt raised it (read_listed skips a domain that vanished)."""
+        return bool(dom.autostart())
+
+    def is_persistent(self, dom: Any) -> bool:
+        return bool(call("reading %s" % dom.name(), dom.isPersistent))
+
+    def stats(self, doms: List[Any]) -> List[Tuple[Any, Dict[str, Any]]]:
+        """(domain, statistics) of all ``doms`` in one call: state, CPU time, balloon, block
+        devices (inactive domains report no values)."""
+        wanted = (libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL
+                  | libvirt.VIR_DOMAIN_STATS_BALLOON | libvirt.VIR_DOMAIN_STATS_BLOCK)
+        return call("reading domain statistics", self.conn.domainListGetStats, doms, wanted, 0)
 
     def kvm_available(self) -> bool:
         try:
@@ -290,6 +310,24 @@ class DomainService:
                                "runs a DHCP client" % (dom.name(), timeout), name=dom.name())
             self.sleep(1.0)
 
+    def lease_map(self) -> Dict[str, List[Dict[str, Any]]]:
+        """MAC -> DHCP leases over every active network: one call per network, however many
+        domains there are (the inventory plugin and domain_info both rely on that)."""
+        leases: Dict[str, List[Dict[str, Any]]] = {}
+        for net in call("listing active networks", self.conn.listAllNetworks,
+                        libvirt.VIR_CONNECT_LIST_NETWORKS_ACTIVE):
+            try:
+                found = net.DHCPLeases()
+            except libvirt.libvirtError:  # a network without DHCP has no leases to give
+                continue
+            for lease in found or []:
+                mac = (lease.get("mac") or "").lower()
+                leases.setdefault(mac, []).append({
+                    "address": lease.get("ipaddr"), "prefix": lease.get("prefix"),
+                    "type": "ipv4" if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 else "ipv6",
+                    "hostname": lease.get("hostname"), "network": net.name(), "source": "lease"})
+        return leases
+
 
 def _flatten_addresses(found: Dict[str, Any], source: str) -> List[Dict[str, str]]:
     out = []
@@ -300,22 +338,3 @@ def _flatten_addresses(found: Dict[str, Any], source: str) -> List[Dict[str, str
                         "address": addr.get("addr"), "prefix": addr.get("prefix"),
                         "type": kind, "source": source})
     return out
-
-
-def lease_map(conn: Any) -> Dict[str, List[Dict[str, Any]]]:
-    """MAC -> DHCP leases over every active network: one call per network, however many
-    domains there are (the inventory plugin and domain_info both rely on that)."""
-    leases: Dict[str, List[Dict[str, Any]]] = {}
-    for net in call("listing active networks", conn.listAllNetworks,
-                    libvirt.VIR_CONNECT_LIST_NETWORKS_ACTIVE):
-        try:
-            found = net.DHCPLeases()
-        except libvirt.libvirtError:  # a network without DHCP has no leases to give
-            continue
-        for lease in found or []:
-            mac = (lease.get("mac") or "").lower()
-            leases.setdefault(mac, []).append({
-                "address": lease.get("ipaddr"), "prefix": lease.get("prefix"),
-                "type": "ipv4" if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 else "ipv6",
-                "hostname": lease.get("hostname"), "network": net.name(), "source": "lease"})
-    return leases
