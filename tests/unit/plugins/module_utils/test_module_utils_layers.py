@@ -94,3 +94,59 @@ def test_the_code_line_count_sees_logic(tmp_path):
     tree = ast.parse(source)
     assert code_lines(tree, source) == 6
     assert [n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))] == ["Runner", "helper", "main"]
+
+
+# -- libvirt is called by services only ---------------------------------------------------------
+# docs/architecture.md: the *Service class beside each runner is the only code that calls libvirt,
+# through _connection.call() (and lookup()), which turns a libvirtError into a LibvirtCallError.
+# Runners, readers, guards and the resource lists' gather_* functions ask a service's named method.
+LIBVIRT_LAYER = MODULE_UTILS / "_libvirt"
+LIBVIRT_WRAPPERS = ("call", "lookup")
+
+
+def libvirt_calls_outside_services(source: str):
+    """(line, wrapper, where) for every call()/lookup() in ``source`` that is not inside a class whose
+    name ends in "Service"; ``where`` is the enclosing class and function names."""
+    found = []
+
+    def visit(node, in_service, where):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                inside = in_service or (isinstance(child, ast.ClassDef) and child.name.endswith("Service"))
+                visit(child, inside, "%s.%s" % (where, child.name) if where else child.name)
+                continue
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id in LIBVIRT_WRAPPERS \
+                    and not in_service:
+                found.append((child.lineno, child.func.id, where or "module level"))
+            visit(child, in_service, where)
+
+    visit(ast.parse(source), False, "")
+    return found
+
+
+def test_only_services_call_libvirt():
+    wrong = ["%s:%d %s() in %s" % (path.relative_to(ROOT), line, wrapper, where)
+             for path in sorted(LIBVIRT_LAYER.glob("*.py"))
+             for line, wrapper, where in libvirt_calls_outside_services(path.read_text())]
+    assert not wrong, "only a *Service class calls libvirt (docs/architecture.md); make each of these a named " \
+        "method of the service of its kind and call that: %s" % wrong
+
+
+def test_the_libvirt_call_scan_finds_an_offender():
+    """The rule above can fail: a call() in a function nested in a module function and a lookup() in a
+    class that is no service are caught; the service's own call() is not."""
+    source = "\n".join([
+        "class PoolService:",
+        "    def list_all(self):",
+        "        return call('listing pools', self.conn.listAllStoragePools, 0)",
+        "",
+        "def gather(conn):",
+        "    def read(pool):",
+        "        return call('reading pool XML', pool.XMLDesc, 0)",
+        "    return [read(p) for p in PoolService(conn).list_all()]",
+        "",
+        "class Reader:",
+        "    def run(self):",
+        "        return lookup('looking up pool x', self.conn.storagePoolLookupByName, 'x', ())",
+    ])
+    assert libvirt_calls_outside_services(source) == [(7, "call", "gather.read"), (12, "lookup", "Reader.run")]
