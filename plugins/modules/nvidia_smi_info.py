@@ -25,6 +25,11 @@ description:
   - When nvidia-smi is missing, or runs but finds no GPU or no loaded driver, the module
     does not fail. It returns RV(gpus=[]) and the message C(no GPU visible), unless
     O(require_gpu=true).
+  - A GPU in MIG mode lists its MIG devices in RV(gpus[].mig_devices), each with its GPU and compute
+    instance ids, its profile (from C(nvidia-smi mig -lgi) and C(-lci)) and the device files a job on it
+    needs - the parent C(/dev/nvidiaN) and the two C(/dev/nvidia-caps/nvidia-capM) access capabilities,
+    whose minors come from O(mig_minors_file) - ready for M(mlinfra.kvm.slurm_config)'s
+    O(mlinfra.kvm.slurm_config#module:nodes[].gpus[].files).
   - Never changes anything; runs the same in check mode.
 options:
   nvidia_smi:
@@ -46,6 +51,13 @@ options:
         fails naming it, whatever O(require_gpu) says.
     type: int
     default: 120
+  mig_minors_file:
+    description:
+      - The NVIDIA driver's table of MIG capability minors (C(gpu0/gi1/access 12) names
+        C(/dev/nvidia-caps/nvidia-cap12)). Read only when a GPU has MIG devices; a table that cannot
+        be read, or lacks one of them, fails the task naming this option.
+    type: path
+    default: /proc/driver/nvidia-caps/mig-minors
 requirements:
   - lxml on the managed host is used when present; the standard library parser otherwise.
 author:
@@ -72,12 +84,66 @@ gpus:
     - index: 0
       name: NVIDIA H200
       pci_bus_id: "00000000:00:06.0"
+      minor_number: 0
       memory_total_mib: 143771
       driver_version: "580.159.04"
       cuda_version: "13.0"
-      mig_mode: disabled
-      mig_enabled: false
+      mig_mode: enabled
+      mig_enabled: true
+      mig_devices:
+        - {index: 0, gpu_instance_id: 1, compute_instance_id: 0, profile: 3g.71gb,
+           files: [/dev/nvidia0, /dev/nvidia-caps/nvidia-cap12, /dev/nvidia-caps/nvidia-cap13]}
       virtualization_mode: Pass-Through
+  contains:
+    index: {description: "nvidia-smi's index of the GPU.", type: int, returned: always}
+    pci_bus_id: {description: "Its PCI address as nvidia-smi prints it.", type: str, returned: always}
+    name: {description: "Product name.", type: str, returned: always}
+    brand: {description: "Product brand.", type: str, returned: always}
+    architecture: {description: "Product architecture (for example C(Hopper)).", type: str, returned: always}
+    uuid: {description: "The GPU's UUID.", type: str, returned: always}
+    serial: {description: "Board serial number.", type: str, returned: always}
+    minor_number: {description: "The N of its device file C(/dev/nvidiaN).", type: int, returned: always}
+    pci_device_id: {description: "PCI device and vendor id, for example C(0x233510de).", type: str, returned: always}
+    pci_sub_system_id: {description: "PCI subsystem id.", type: str, returned: always}
+    vbios_version: {description: "VBIOS version.", type: str, returned: always}
+    memory_total_mib: {description: "Framebuffer memory in MiB.", type: int, returned: always}
+    memory_reserved_mib: {description: "Memory the driver reserves, in MiB.", type: int, returned: always}
+    memory_used_mib: {description: "Memory in use, in MiB.", type: int, returned: always}
+    memory_free_mib: {description: "Memory free, in MiB.", type: int, returned: always}
+    driver_version: {description: "The driver's version.", type: str, returned: always}
+    cuda_version: {description: "The highest CUDA version the driver supports.", type: str, returned: always}
+    mig_mode: {description: "C(enabled), C(disabled), or null for a GPU without MIG.", type: str, returned: always}
+    mig_mode_pending: {description: "The MIG mode after the next GPU reset.", type: str, returned: always}
+    mig_enabled: {description: "Whether MIG mode is on now.", type: bool, returned: always}
+    mig_devices:
+      description: The GPU's MIG devices (a compute instance in a GPU instance), by index; empty without MIG mode or instances.
+      type: list
+      elements: dict
+      returned: always
+      contains:
+        index: {description: "The MIG device's index on its GPU.", type: int, returned: always}
+        gpu_instance_id: {description: "Its GPU instance.", type: int, returned: always}
+        compute_instance_id: {description: "Its compute instance in that GPU instance.", type: int, returned: always}
+        profile:
+          description:
+            - Its profile as nvidia-smi names it, for example C(1g.18gb), or C(1c.3g.71gb) for a compute instance
+              smaller than its GPU instance.
+            - Null when O(xml_file) was read, since C(nvidia-smi -q -x) does not name profiles.
+          type: str
+          returned: always
+        files:
+          description:
+            - The device files a job on it needs, the parent GPU's first, then its GPU instance's and compute
+              instance's access capabilities, for example
+              C([/dev/nvidia0, /dev/nvidia-caps/nvidia-cap12, /dev/nvidia-caps/nvidia-cap13]).
+          type: list
+          elements: str
+          returned: always
+    virtualization_mode: {description: "For example C(Pass-Through) in a VM given the GPU by PCI passthrough.", type: str, returned: always}
+    persistence_mode: {description: "C(enabled) or C(disabled).", type: str, returned: always}
+    compute_mode: {description: "The compute mode, for example C(Default).", type: str, returned: always}
+    pcie_link_gen_max: {description: "The highest PCIe generation of its link.", type: int, returned: always}
+    pcie_link_width_max: {description: "The widest PCIe link width (lanes).", type: int, returned: always}
 gpu_count:
   description: Number of GPUs in RV(gpus).
   returned: always

@@ -90,12 +90,27 @@ def parse_gpu(gpu: Any, driver: Optional[str], cuda: Optional[str]) -> Dict[str,
         "mig_mode": mig_current,
         "mig_mode_pending": _mode(_text(gpu, "mig_mode/pending_mig")),
         "mig_enabled": mig_current == "enabled",
+        "mig_devices": parse_mig_devices(gpu),
         "virtualization_mode": _text(gpu, "gpu_virtualization_mode/virtualization_mode"),
         "persistence_mode": _mode(_text(gpu, "persistence_mode")),
         "compute_mode": _text(gpu, "compute_mode"),
         "pcie_link_gen_max": _int(_text(gpu, "pci/pci_gpu_link_info/pcie_gen/max_link_gen")),
         "pcie_link_width_max": _int((_text(gpu, "pci/pci_gpu_link_info/link_widths/max_link_width") or "").rstrip("x") or None),
     }
+
+
+def parse_mig_devices(gpu: Any) -> List[Dict[str, Any]]:
+    """The ``<mig_device>`` elements of one GPU: its MIG devices (a compute instance in a GPU
+    instance), by index. A GPU without MIG mode, or with MIG mode and no instances, has none
+    (nvidia-smi prints ``<mig_devices>None</mig_devices>``)."""
+    out = []
+    for dev in gpu.findall("mig_devices/mig_device"):
+        ids = {key: _int(_text(dev, key)) for key in ("index", "gpu_instance_id", "compute_instance_id")}
+        missing = sorted(key for key, value in ids.items() if value is None)
+        if missing:
+            raise NvidiaSmiParseError("a <mig_device> without %s" % ", ".join(missing))
+        out.append(ids)
+    return sorted(out, key=lambda dev: dev["index"])
 
 
 def _int(value: Optional[str]) -> Optional[int]:

@@ -1,15 +1,19 @@
 """nvidia_smi_info: the captured H200 passthrough guest's `nvidia-smi -q -x`, a host without
-nvidia-smi, and nvidia-smi stand-ins that say "no devices" / "no driver" or print garbage."""
+nvidia-smi, nvidia-smi stand-ins that say "no devices" / "no driver" or print garbage, and the
+recorded H200 tables' stand-in (tests/fixtures/mig) in MIG mode."""
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import SHARED
+from conftest import ROOT, SHARED
 
 FIXTURE = Path(SHARED) / "fixtures" / "h200-passthrough-guest" / "nvidia-smi-q.xml"
+MIG = Path(ROOT) / "tests" / "fixtures" / "mig"
 
 
 def fake_smi(tmp_path: Path, body: str) -> str:
@@ -33,7 +37,7 @@ def test_h200_capture(run_module):
     assert gpu["memory_total_mib"] == 143771
     assert gpu["driver_version"] == result["driver_version"] == "580.159.04"
     assert gpu["cuda_version"] == result["cuda_version"] == "13.0"
-    assert gpu["mig_mode"] == "disabled" and gpu["mig_enabled"] is False
+    assert gpu["mig_mode"] == "disabled" and gpu["mig_enabled"] is False and gpu["mig_devices"] == []
     assert gpu["virtualization_mode"] == "Pass-Through"
     assert gpu["pci_bus_id"] == "00000000:00:06.0"
     assert gpu["pci_device_id"] == "0x233510de"
@@ -135,3 +139,23 @@ def test_a_hanging_nvidia_smi_is_killed_and_named(run_module, tmp_path):
     result = run_module("nvidia_smi_info", {"nvidia_smi": binary, "command_timeout": 1}, timeout=60)
     assert result["failed"] and binary in result["msg"] and "within 1 s" in result["msg"], result
     assert "command_timeout" in result["msg"]
+
+
+@pytest.mark.unit
+def test_mig_devices_as_facts_with_their_profiles_and_files(run_module, tmp_path, monkeypatch):
+    """Two MIG devices made by the stand-in's own -mig and -cgi; their capability files named by
+    the driver's mig-minors table (tests/fixtures/mig/mig-minors), ready for slurm_config's files."""
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", str(tmp_path / "state.json"))
+    for argv in (["-i", "0", "-mig", "1"], ["mig", "-i", "0", "-cgi", "9,19", "-C"]):
+        subprocess.run([sys.executable, str(MIG / "fake_nvidia_smi.py")] + argv, check=True, capture_output=True)
+    result = run_module("nvidia_smi_info", {"nvidia_smi": str(MIG / "fake_nvidia_smi.py"),
+                                            "mig_minors_file": str(MIG / "mig-minors")}, check=True)
+    assert not result["failed"], result
+    devices = result["gpus"][0]["mig_devices"]
+    assert [(d["profile"], d["gpu_instance_id"], d["compute_instance_id"], d["files"]) for d in devices] == [
+        ("3g.71gb", 1, 0, ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"]),
+        ("1g.18gb", 2, 0, ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"])]
+    assert result["ansible_facts"]["nvidia_smi"]["gpus"][0]["mig_devices"] == devices
+    missing = run_module("nvidia_smi_info", {"nvidia_smi": str(MIG / "fake_nvidia_smi.py"),
+                                             "mig_minors_file": str(tmp_path / "absent")})
+    assert missing["failed"] and missing["msg"].startswith("option mig_minors_file: cannot read"), missing

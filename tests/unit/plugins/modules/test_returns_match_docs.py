@@ -37,6 +37,21 @@ def test_pci_info_devices_return_only_documented_keys(tmp_path: Path) -> None:
     assert {"slot", "revision"} <= keys
 
 
+def test_nvidia_smi_info_gpus_and_mig_devices_return_only_documented_keys(tmp_path: Path, monkeypatch) -> None:
+    # The recorded H200 stand-in (tests/fixtures/mig) in MIG mode with one 3g.71gb device: the keys
+    # of each GPU and of each MIG device against RETURN's contains, both ways.
+    fixtures = Path(ROOT) / "tests" / "fixtures" / "mig"
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", str(tmp_path / "state.json"))
+    for argv in (["-i", "0", "-mig", "1"], ["mig", "-i", "0", "-cgi", "9", "-C"]):
+        subprocess.run([sys.executable, str(fixtures / "fake_nvidia_smi.py")] + argv, check=True, capture_output=True)
+    result = run_module_process("nvidia_smi_info", {"nvidia_smi": str(fixtures / "fake_nvidia_smi.py"),
+                                                    "mig_minors_file": str(fixtures / "mig-minors")}, check=True)
+    assert not result["failed"], result
+    gpus = documented("nvidia_smi_info")["gpus"]["contains"]
+    assert [set(gpu) for gpu in result["gpus"]] == [set(gpus)]
+    assert [set(device) for device in result["gpus"][0]["mig_devices"]] == [set(gpus["mig_devices"]["contains"])]
+
+
 def test_pool_in_check_mode_returns_the_name_of_the_pool_it_would_make(tmp_path: Path) -> None:
     # test:///default is a fresh in-memory libvirt per process: the pool is always new here.
     # (A real run is in tests/integration/test_pool.py, against libvirtd.)
