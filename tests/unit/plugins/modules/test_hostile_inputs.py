@@ -39,6 +39,8 @@ pytestmark = pytest.mark.unit
 MODULES_DIR = ROOT / "plugins" / "modules"
 MIG_FAKE = ROOT / "tests" / "fixtures" / "mig" / "fake_nvidia_smi.py"
 TEST_URI = "test:///default"
+# A test-driver source hypervisor whose domains mlinfra.kvm.domain_migration moves to test:///default.
+MIGRATION_SOURCE_URI = "test://%s" % (ROOT / "tests" / "fixtures" / "migration" / "source-node.xml")
 CASES_PER_MODULE = 14
 CASE_TIMEOUT_S = 30
 SEED = 20240611
@@ -119,6 +121,9 @@ BASE: Dict[str, Dict[str, Any]] = {
                "cpu": {"mode": "host-passthrough", "sockets": 1, "cores": 1, "threads": 1},
                "interfaces": [{"network": "default"}], "boot": ["hd"], "sysfs_root": Roots("sysfs_root")},
     "domain_info": {"uri": TEST_URI, "name": "test"},
+    # test:///default cannot migrate: a request that passes the checks ends in check mode's plan.
+    "domain_migration": {"uri": MIGRATION_SOURCE_URI, "dest_uri": TEST_URI, "name": "mlkvmtest-mover",
+                         "migration_uri": "tcp://192.0.2.10:49152", "max_downtime_ms": 300, "timeout": 60},
     "domains": {"uri": TEST_URI, "config": [{"name": "mlkvmtest-hostile", "memory": "512MiB", "vcpus": 1}],
                 "scope": {"name_prefix": "mlkvmtest-"}},
     "gpu_health": {"nvidia_smi": Tmp("absent-nvidia-smi"), "kernel_log": "none"},
@@ -173,10 +178,10 @@ BASE: Dict[str, Dict[str, Any]] = {
                                              "capacity": "1G", "format": "qcow2"}]},
 }
 
-# Options whose hostile values are never generated: the connection URI (an empty or odd URI could
-# reach a real hypervisor instead of test:///default) and the commands a module runs (a hostile
+# Options whose hostile values are never generated: the connection URIs (an empty or odd URI could
+# reach a real hypervisor instead of test:///default; domain_migration's dest_uri is one) and the commands a module runs (a hostile
 # command is the caller's choice to run; those options' checks live in the modules' own tests).
-UNTOUCHED = {"uri", "update_grub_command", "grubby_command", "modprobe_command", "initramfs_command",
+UNTOUCHED = {"uri", "dest_uri", "update_grub_command", "grubby_command", "modprobe_command", "initramfs_command",
              "nvidia_smi", "cmd"}
 
 # Paths a module only reads may point at a secret; paths it may write get harmless hostile targets.

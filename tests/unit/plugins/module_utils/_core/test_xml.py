@@ -22,6 +22,7 @@ pytestmark = pytest.mark.unit
 XML_MODULES = {
     "domain": {"name": "x", "state": "absent"},
     "domain_info": {},
+    "domain_migration": {"name": "x", "dest_uri": "test:///default"},
     "domains": {"config": []},
     "network": {"name": "x", "state": "absent"},
     "networks": {"config": []},
