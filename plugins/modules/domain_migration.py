@@ -14,7 +14,7 @@ attributes:
     support: full
   platform:
     platforms: posix
-version_added: 0.3.0
+version_added: 0.5.0
 description:
   - Moves the domain O(name) from the hypervisor of O(uri) (the source) to the one of O(dest_uri).
     The domain keeps its name, UUID, definition and disk paths.
