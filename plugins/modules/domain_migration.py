@@ -82,6 +82,8 @@ options:
       - V(none) copies nothing; every disk must already be on the destination (shared storage).
       - V(auto) is V(incremental) when every backing image is on the destination (or there is none), else V(all),
         and V(none) when no disk needs copying.
+      - A disk of type C(volume) (a pool and a volume name) is copied only whole during a live migration, since libvirt
+        cannot pre-create it for an incremental copy; V(auto) is then V(all), and V(incremental) is refused.
       - The destination's volumes are created by the module before the copy (libvirt cannot pre-create an
         incremental one); a volume already at that path is refused (it would be overwritten).
       - "A cold move copies each image file as it is (always the top image): its backing image must be on the

@@ -56,10 +56,11 @@ def domain_xml(name: str, disks: list, network: Optional[str], cpu_model: Option
     else:
         _sub(root, "cpu", {"mode": "maximum"})  # TCG (lab-facts: KVM does not run guests here)
     devices = _sub(root, "devices")
-    for index, path in enumerate(disks):
-        disk = _sub(devices, "disk", {"type": "file", "device": "disk"})
+    for index, source in enumerate(disks):  # a path (type file) or (pool, volume) (type volume)
+        volume = isinstance(source, tuple)
+        disk = _sub(devices, "disk", {"type": "volume" if volume else "file", "device": "disk"})
         _sub(disk, "driver", {"name": "qemu", "type": "qcow2"})
-        _sub(disk, "source", {"file": str(path)})
+        _sub(disk, "source", {"pool": source[0], "volume": source[1]} if volume else {"file": str(source)})
         _sub(disk, "target", {"dev": "vd" + "abcd"[index], "bus": "virtio"})
     if network:
         iface = _sub(devices, "interface", {"type": "network"})
@@ -181,25 +182,30 @@ def test_live_to_the_second_hypervisor_and_back_four_ways(env):
     host, second, hv2 = env["host"], env["second"], env["hv2"]
     name = "%slive" % env["prefix"]
     path = disk_in(host, env["pool"], "live.qcow2")
-    dom = host.defineXML(domain_xml(name, [path], env["network"]))
+    by_name = disk_in(host, env["pool"], "by-name.qcow2")  # a type='volume' disk: pool and volume name
+    dom = host.defineXML(domain_xml(name, [path, (env["pool"], "by-name.qcow2")], env["network"]))
     dom.create()
     uuid = dom.UUIDString()
+    # libvirt copies a type='volume' disk only whole during a live migration
+    refused = run_module_process("domain_migration", {"name": name, "dest_uri": hv2.uri, "copy_storage": "incremental"},
+                                 check=True)
+    assert refused["failed"] and "option copy_storage" in refused["msg"] and "(vdb)" in refused["msg"], refused
 
     there = timed_four_ways({"name": name, "dest_uri": hv2.uri, "migration_uri": hv2.migration_uri,
                              "max_downtime_ms": 500, "timeout": 300}, "live_there")
     check, apply = there["check"], there["apply"]
     assert check["mode"] == apply["mode"] == "live"
     assert check["actions"] == apply["actions"], "check mode predicts what the real run does"
-    assert apply["copy_storage"] == "incremental" and apply["disks"] == [
-        {"target": "vda", "path": str(path), "action": "copy"}]
+    assert apply["copy_storage"] == "all" and apply["disks"] == [
+        {"target": "vda", "path": str(path), "action": "copy"}, {"target": "vdb", "path": str(by_name), "action": "copy"}]
     assert any(line.startswith("network %s is active" % env["network"]) for line in apply["preflight"])
     assert apply["progress"][-1] == "completed" and len(apply["progress"]) >= 1, apply["progress"]
     assert there["check_again"]["mode"] == there["apply_again"]["mode"] == "none"
     moved = lookup(second, name)
     assert moved is not None and moved.isActive() and moved.UUIDString() == uuid and moved.isPersistent()
     assert lookup(host, name) is None, "undefined on the source"
-    assert not path.exists(), "the source's copy of the disk is removed"
-    assert has_pattern(hv2.path_here(str(path))), "the disk arrived with its data"
+    assert not path.exists() and not by_name.exists(), "the source's copies of the disks are removed"
+    assert has_pattern(hv2.path_here(str(path))) and has_pattern(hv2.path_here(str(by_name))), "the disks arrived"
 
     back = timed_four_ways({"name": name, "uri": hv2.uri, "dest_uri": hv2.host_uri,
                             "migration_uri": hv2.host_migration_uri, "timeout": 300}, "live_back")
@@ -207,26 +213,29 @@ def test_live_to_the_second_hypervisor_and_back_four_ways(env):
     home = lookup(host, name)
     assert home is not None and home.isActive() and home.UUIDString() == uuid
     assert lookup(second, name) is None
-    assert has_pattern(path) and not hv2.path_here(str(path)).exists()
+    assert has_pattern(path) and has_pattern(by_name) and not hv2.path_here(str(path)).exists()
 
 
 def test_shut_off_domain_moves_cold_four_ways(env):
     host, second, hv2 = env["host"], env["second"], env["hv2"]
     name = "%scold" % env["prefix"]
     path = disk_in(host, env["pool"], "cold.qcow2")
-    dom = host.defineXML(domain_xml(name, [path], env["network"]))
+    by_name = disk_in(host, env["pool"], "cold-by-name.qcow2")
+    dom = host.defineXML(domain_xml(name, [path, (env["pool"], "cold-by-name.qcow2")], env["network"]))
     dom.setAutostart(1)
 
     results = timed_four_ways({"name": name, "dest_uri": hv2.uri, "timeout": 120}, "cold")
     apply = results["apply"]
     assert apply["mode"] == "cold" and apply["domain"]["state"] == "shutoff"
     assert results["check"]["actions"] == apply["actions"]
-    assert [a.split(" ")[0] for a in apply["actions"]] == ["create", "copy", "define", "undefine", "set", "remove"]
+    assert [a.split(" ")[0] for a in apply["actions"]] == ["create", "copy", "create", "copy", "define", "undefine", "set",
+                                                           "remove", "remove"]
     assert any(line.startswith("copied %s" % path) for line in apply["progress"])
+    assert any(line.startswith("copied %s" % by_name) for line in apply["progress"])
     moved = lookup(second, name)
     assert moved is not None and not moved.isActive() and moved.autostart()
-    assert lookup(host, name) is None and not path.exists()
-    assert has_pattern(hv2.path_here(str(path))), "the image file arrived as it was"
+    assert lookup(host, name) is None and not path.exists() and not by_name.exists()
+    assert has_pattern(hv2.path_here(str(path))) and has_pattern(hv2.path_here(str(by_name))), "the image files arrived"
 
 
 def test_preflight_refuses_against_the_second_libvirtd_naming_each_problem(env):

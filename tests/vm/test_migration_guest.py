@@ -98,8 +98,7 @@ def migrate(args: Dict[str, Any], timings: List[str], label: str) -> Dict[str, D
     return results
 
 
-def test_a_running_guest_moves_live_there_and_back_without_a_reboot(boot_guest, libvirtd, prefix, guest_image,
-                                                                   tmp_path):
+def test_a_running_guest_moves_live_there_and_back_without_a_reboot(boot_guest, libvirtd, prefix, guest_image, tmp_path):
     import libvirt
     timings: List[str] = []
     began = time.monotonic()

@@ -329,6 +329,10 @@ class MigrationRunner(ObjectRunner):
         for disk in read_disks(root):
             if disk["type"] == "volume" and disk["pool"] and disk["volume"]:
                 disk["path"] = self.service.volume_path("source", disk["pool"], disk["volume"])
+                if disk["path"] is None:
+                    raise ConflictError("disk %s of domain %s is volume %s of pool %s, which the source does not have "
+                                        "active: start the pool there (mlinfra.kvm.pool state=active)"
+                                        % (disk["target"], dom.name(), disk["volume"], disk["pool"]), domain=dom.name())
             if not disk["path"] and disk["type"] != "network":
                 continue  # an empty cdrom: nothing to find anywhere
             disk["source_volume"] = self.service.volume_at("source", disk["path"]) if disk["path"] else None
@@ -340,14 +344,22 @@ class MigrationRunner(ObjectRunner):
             backing = (disk["source_volume"] or {}).get("backing")
             disk["backing"] = os.path.normpath(backing) if backing else None
             disk["backing_on_dest"] = bool(disk["backing"]) and self.service.volume_at("dest", disk["backing"]) is not None
+        # libvirt cannot copy a type='volume' disk incrementally during a live migration: the
+        # destination sees no path for it before the pool is asked, takes it for missing and
+        # refuses ("pre-creation of storage targets for incremental storage migration").
+        by_volume = [d["target"] for d in copied if d["type"] == "volume"]
         if not copied:
             effective = "none"
         elif mode == "cold" or wanted == "incremental" or (
-                wanted == "auto" and all(not d["backing"] or d["backing_on_dest"] for d in copied)):
+                wanted == "auto" and not by_volume and all(not d["backing"] or d["backing_on_dest"] for d in copied)):
             # A cold copy moves the image file as it is (its backing must be there): the top only.
             effective = "incremental"
         else:
             effective = "all"
+        if mode == "live" and effective == "incremental" and by_volume:
+            raise InvalidInputError("copy_storage", wanted, "cannot copy disks of type volume (%s) live: libvirt copies "
+                                    "those only whole" % ", ".join(by_volume),
+                                    "use copy_storage: all (or auto), or none where the storage is shared")
         for disk in copied:
             if effective == "incremental" and disk["backing"]:
                 disk["action"] = "copy-top"
@@ -422,7 +434,7 @@ class MigrationRunner(ObjectRunner):
             if disk["action"] == "present":
                 why = ("read-only" if disk["readonly"] or disk["device"] != "disk" else "shareable" if disk["shareable"]
                        else "on shared storage" if disk["shared"] else "copy_storage none")
-                if self.service.volume_at("dest", disk["path"]) is None:
+                if not self.on_dest(disk):
                     check.refuse("%s is not copied (%s) and the destination has no volume at that path: make it available "
                                  "there in a storage pool at the same path (shared storage), or let it be copied "
                                  "(copy_storage auto)" % (where, why))
@@ -437,7 +449,9 @@ class MigrationRunner(ObjectRunner):
                                                        "" if disk["type"] == "volume" else " target: %s"
                                                        % os.path.dirname(disk["path"])))
                 continue
-            if self.service.volume_at("dest", disk["path"]) is not None:
+            disk["dest"] = {"pool": pool["name"], "name": disk["volume"] if disk["type"] == "volume"
+                            else os.path.basename(disk["path"])}
+            if self.on_dest(disk):
                 check.refuse("%s: the destination already has a volume at that path, which the copy would overwrite: "
                              "remove it there if it is a stale copy (mlinfra.kvm.volume state=absent), or set "
                              "copy_storage: none if both hosts share this storage" % where)
@@ -463,6 +477,13 @@ class MigrationRunner(ObjectRunner):
             else:
                 check.ok("storage pool %s on the destination has %s available for %s" % (
                     pool["name"], human(pool["available"]), human(want)))
+
+    def on_dest(self, disk: Dict[str, Any]) -> bool:
+        """Whether the destination already has the disk: the volume of the same pool and name for a
+        volume disk, a volume at the same path for any other."""
+        if disk["type"] == "volume" and disk["pool"] and disk["volume"]:
+            return self.service.volume_path("dest", disk["pool"], disk["volume"]) is not None
+        return self.service.volume_at("dest", disk["path"]) is not None
 
     def dest_pool_for(self, disk: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """The destination's active pool a copied disk goes into: the pool of the same name for a
@@ -561,7 +582,7 @@ class MigrationRunner(ObjectRunner):
     # -- live ----------------------------------------------------------------------------------
     def move_live(self, dom: Any, plan: List[Dict[str, Any]], copy_storage: str) -> None:
         name = dom.name()
-        created: List[str] = []
+        created: List[Dict[str, str]] = []
         try:
             for disk in plan:
                 if disk["action"] in ("copy", "copy-top"):
@@ -588,22 +609,28 @@ class MigrationRunner(ObjectRunner):
             self.say_where(err, name)
             raise
         if not self.check:
-            self.downtime_ms = self.service.completed_downtime(name)
+            try:
+                self.downtime_ms = self.service.completed_downtime(name)
+            except KvmError:  # a report only: the domain has moved, whatever this read says
+                self.downtime_ms = None
 
-    def precreate(self, disk: Dict[str, Any], created: List[str]) -> None:
+    def precreate(self, disk: Dict[str, Any], created: List[Dict[str, str]]) -> None:
         """The destination's volume for a copied disk, made before the migration: libvirt cannot
         pre-create one for an incremental copy (it needs the backing), and this way a failure
         knows exactly which volumes to remove again."""
-        pool = self.dest_pool_for(disk)
         vol = disk.get("source_volume") or {}
         capacity = vol.get("capacity") or (disk.get("block") or {}).get("capacity") or 0
         fmt = disk["format"] or vol.get("format") or "raw"
-        xml = volume_xml(os.path.basename(disk["path"]) if disk["type"] == "file" else disk["volume"], capacity, fmt,
-                         disk["backing"] if disk["action"] == "copy-top" else None,
-                         vol.get("backing_format") if disk["action"] == "copy-top" else None)
-        self.tracker.act("create volume %s in pool %s on the destination (disk %s)" % (disk["path"], pool["name"], disk["target"]),
-                         self.service.create_volume, "dest", pool["name"], xml)
-        created.append(disk["path"])
+        top = disk["action"] == "copy-top"
+        xml = volume_xml(disk["dest"]["name"], capacity, fmt, disk["backing"] if top else None,
+                         vol.get("backing_format") if top else None)
+        self.create_dest_volume(disk, xml, created)
+
+    def create_dest_volume(self, disk: Dict[str, Any], xml: str, created: List[Dict[str, str]]) -> None:
+        where = dict(disk["dest"], path=disk["path"])
+        self.tracker.act("create volume %s in pool %s on the destination (disk %s)" % (disk["path"], where["pool"], disk["target"]),
+                         self.service.create_volume, "dest", where["pool"], xml)
+        created.append(where)
 
     def run_live(self, dom: Any, params: Dict[str, Any], flags: int) -> None:
         """The migration call, watched: progress lines from the job statistics, and an abort
@@ -633,13 +660,14 @@ class MigrationRunner(ObjectRunner):
         if len(self.progress) > PROGRESS_LINES:
             del self.progress[PROGRESS_LINES // 2]
 
-    def undo_created(self, created: List[str]) -> None:
-        for path in reversed(created):
+    def undo_created(self, created: List[Dict[str, str]]) -> None:
+        for where in reversed(created):
             try:
-                self.tracker.act("undo: remove volume %s on the destination" % path, self.service.delete_volume, "dest", path)
-                self.undone.append("removed %s on the destination" % path)
+                self.tracker.act("undo: remove volume %s on the destination" % where["path"], self.service.delete_volume_in,
+                                 "dest", where["pool"], where["name"])
+                self.undone.append("removed %s on the destination" % where["path"])
             except KvmError as err:
-                self.undone.append("could not remove %s on the destination (%s)" % (path, err.msg))
+                self.undone.append("could not remove %s on the destination (%s)" % (where["path"], err.msg))
 
     def say_where(self, err: KvmError, name: str) -> None:
         """End a failure's message with where the domain is now, read back from the source."""
@@ -660,7 +688,7 @@ class MigrationRunner(ObjectRunner):
     def move_cold(self, dom: Any, state: str, inactive: Any, plan: List[Dict[str, Any]]) -> None:
         name = dom.name()
         was_running = state == "running"
-        created: List[str] = []
+        created: List[Dict[str, str]] = []
         dest_dom: Dict[str, Any] = {}
         shut = False
         try:
@@ -671,14 +699,10 @@ class MigrationRunner(ObjectRunner):
             deadline = self.monotonic() + self.params["timeout"]
             for disk in plan:
                 if disk["action"] in ("copy", "copy-top"):
-                    pool = self.dest_pool_for(disk)
                     # Empty and raw: the upload writes the image file as it is, format and backing included.
-                    xml = volume_xml(os.path.basename(disk["path"]) if disk["type"] == "file" else disk["volume"], 0, "raw")
-                    self.tracker.act("create volume %s in pool %s on the destination (disk %s)" % (
-                        disk["path"], pool["name"], disk["target"]), self.service.create_volume, "dest", pool["name"], xml)
-                    created.append(disk["path"])
+                    self.create_dest_volume(disk, volume_xml(disk["dest"]["name"], 0, "raw"), created)
                     self.tracker.act("copy disk %s (%s) to the destination" % (disk["target"], disk["path"]),
-                                     self.copy_disk, disk["path"], deadline)
+                                     self.copy_disk, disk, deadline)
             root = self.dest_definition(inactive)
             hostdevs = ", ".join(h["address"] for h in hostdev_addresses(root))
             self.tracker.act("define on the destination%s" % (" (hostdevs %s)" % hostdevs if hostdevs else ""),
@@ -698,9 +722,9 @@ class MigrationRunner(ObjectRunner):
                            "may still be shutting down: check that the guest handles the power button, or raise "
                            "shutdown_timeout" % (dom.name(), self.params["shutdown_timeout"]))
 
-    def copy_disk(self, path: str, deadline: float) -> None:
-        sent = self.service.copy_volume(path, deadline)
-        self.add_progress("copied %s: %s" % (path, human(sent)))
+    def copy_disk(self, disk: Dict[str, Any], deadline: float) -> None:
+        sent = self.service.copy_volume(disk["path"], disk["dest"]["pool"], disk["dest"]["name"], deadline)
+        self.add_progress("copied %s: %s" % (disk["path"], human(sent)))
 
     def dest_definition(self, inactive: Any) -> Any:
         """The source's persistent definition with the host devices chosen on the destination."""

@@ -262,13 +262,25 @@ class MigrationService:
         if vol is not None:
             call("deleting the volume at %s on %s" % (path, self.uri(which)), vol.delete, 0)
 
-    def copy_volume(self, path: str, deadline: float) -> int:
-        """Copy the source's volume file at ``path`` byte for byte into the destination's volume at
-        the same path (made empty by the runner), through a download and an upload stream; holes
-        stay holes. Returns the bytes sent. Past ``deadline`` (time.monotonic()) both streams are
-        aborted and the copy fails."""
+    def delete_volume_in(self, which: str, pool_name: str, name: str) -> None:
+        """Delete volume ``name`` of pool ``pool_name`` on one side, when it is there."""
+        conn = self.side(which)
+        pool = lookup("looking up storage pool %s on %s" % (pool_name, self.uri(which)), conn.storagePoolLookupByName,
+                      pool_name, (libvirt.VIR_ERR_NO_STORAGE_POOL,))
+        vol = None if pool is None else lookup("looking up volume %s in pool %s" % (name, pool_name),
+                                               pool.storageVolLookupByName, name, (libvirt.VIR_ERR_NO_STORAGE_VOL,))
+        if vol is not None:
+            call("deleting volume %s of pool %s on %s" % (name, pool_name, self.uri(which)), vol.delete, 0)
+
+    def copy_volume(self, path: str, pool_name: str, name: str, deadline: float) -> int:
+        """Copy the source's volume file at ``path`` byte for byte into the destination's volume
+        ``name`` of pool ``pool_name`` (made empty by the runner), through a download and an upload
+        stream; holes stay holes. Returns the bytes sent. Past ``deadline`` (time.monotonic()) both
+        streams are aborted and the copy fails."""
         src = call("looking up the volume at %s on %s" % (path, self.src_uri), self.src_conn.storageVolLookupByPath, path)
-        dst = call("looking up the volume at %s on %s" % (path, self.dst_uri), self.dst_conn.storageVolLookupByPath, path)
+        pool = call("looking up storage pool %s on %s" % (pool_name, self.dst_uri), self.dst_conn.storagePoolLookupByName,
+                    pool_name)
+        dst = call("looking up volume %s in pool %s on %s" % (name, pool_name, self.dst_uri), pool.storageVolLookupByName, name)
         down = call("opening a stream on %s" % self.src_uri, self.src_conn.newStream, 0)
         up = call("opening a stream on %s" % self.dst_uri, self.dst_conn.newStream, 0)
         sent = 0
@@ -300,6 +312,5 @@ class MigrationService:
                 except libvirt.libvirtError:  # already finished or broken: nothing to release
                     pass
             raise
-        pool = call("reading the pool of %s" % path, dst.storagePoolLookupByVolume)
-        call("refreshing storage pool %s on %s" % (pool.name(), self.dst_uri), pool.refresh, 0)
+        call("refreshing storage pool %s on %s" % (pool_name, self.dst_uri), pool.refresh, 0)
         return sent

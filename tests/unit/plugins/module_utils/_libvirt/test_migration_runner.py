@@ -195,7 +195,7 @@ def test_a_cold_move_failing_half_way_is_undone_and_the_domain_runs_on_the_sourc
                         name="mlkvmtest-gpu")
     runner.service.dest_pci = GpuOnDest
     copied: List[str] = []
-    runner.service.copy_volume = lambda path, deadline: copied.append(path)
+    runner.service.copy_volume = lambda path, pool, name, deadline: copied.append(path)
     # define on the destination succeeds, its start fails: everything done is undone
     real_start = runner.service.dest.start
 
