@@ -22,7 +22,7 @@ from .._core._errors import InvalidInputError, KvmError
 from .._core._runner import ObjectRunner
 from .._core._validate import object_name
 from . import _grub as grub
-from ._sysfs import Roots, cmdline_args, cpu_vendor, read_file, remove_file, roots_argspec, write_file_atomic
+from ._sysfs import Roots, cmdline_args, cpu_vendor, put_file, read_file, roots_argspec
 
 IOMMU_ARGS = {"intel": "intel_iommu=on", "amd": "amd_iommu=on"}
 PENDING_NOTE = ("# Written by mlinfra.kvm.kernel_cmdline: the GRUB drop-in changed and `%s` has not succeeded "
@@ -85,10 +85,7 @@ class CmdlineService:
         return read_file(path)
 
     def write(self, path: str, content: Optional[str]) -> None:
-        if content is None:
-            remove_file(path)
-        else:
-            write_file_atomic(path, content, 0o644)
+        put_file(path, content)
 
 
 class CmdlineRunner(ObjectRunner):

@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 from .._core._errors import InvalidInputError, KvmError
 from .._core._runner import ObjectRunner
 from .._core._validate import object_name
-from ._sysfs import Roots, list_dir, meminfo_kib, read_attr, read_file, remove_file, roots_argspec, write_attr, write_file_atomic
+from ._sysfs import Roots, list_dir, meminfo_kib, put_file, read_attr, read_file, roots_argspec, write_attr
 
 SIZES_KIB = {"2M": 2048, "1G": 1048576}
 HEADER = "# Managed by mlinfra.kvm.hugepages; edits are overwritten.\n"
@@ -78,10 +78,7 @@ class HugepagesService:
         return read_file(path)
 
     def write(self, path: str, content: Optional[str]) -> None:
-        if content is None:
-            remove_file(path)
-        else:
-            write_file_atomic(path, content, 0o644)
+        put_file(path, content)
 
 
 class HugepagesRunner(ObjectRunner):

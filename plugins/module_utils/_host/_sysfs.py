@@ -146,6 +146,15 @@ def remove_file(path: str) -> None:
         raise KvmError("cannot remove %s: %s" % (path, exc), path=path)
 
 
+def put_file(path: str, content: Optional[str], mode: int = 0o644) -> None:
+    """Make ``path`` hold ``content`` (atomically), or remove it when ``content`` is None: the one
+    write of the host modules' desired-file state (a drop-in, a sysctl.d file)."""
+    if content is None:
+        remove_file(path)
+    else:
+        write_file_atomic(path, content, mode)
+
+
 def cmdline_args(text: Optional[str]) -> List[str]:
     """Kernel command line tokens (``/proc/cmdline``); everything after ``--`` belongs to init."""
     if not text:
