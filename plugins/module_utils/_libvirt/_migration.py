@@ -605,7 +605,10 @@ class MigrationRunner(ObjectRunner):
             how = "copy_storage %s: %s" % (copy_storage, ", ".join(copied)) if copied else "no disk copied"
             self.tracker.act("migrate live to %s (peer-to-peer, %s)" % (self.dst_uri, how), self.run_live, dom, params, flags)
         except KvmError as err:
-            self.undo_created(created)
+            if self.defined_on_dest(name):
+                self.undone.append("kept the volumes made on the destination: %s is defined there" % name)
+            else:
+                self.undo_created(created)
             self.say_where(err, name)
             raise
         if not self.check:
@@ -646,19 +649,46 @@ class MigrationRunner(ObjectRunner):
                     self.add_progress(line)
                     last = line
             if self.monotonic() > deadline:
-                self.tracker.act("abort the migration job (past the timeout of %d s)" % self.params["timeout"],
-                                 self.service.abort_job, dom)
-                job.wait(ABORT_WAIT_S)
+                self.abort_past_deadline(dom, job)
+                if job.succeeded():
+                    break
                 raise KvmError("the live migration of %s did not finish within %d s (option timeout) and was aborted: "
                                "raise timeout, or bound the downtime less tightly (max_downtime_ms) so that it can "
                                "converge" % (dom.name(), self.params["timeout"]), progress=self.progress)
         job.result()
         self.add_progress("completed")
 
+    def abort_past_deadline(self, dom: Any, job: Any) -> None:
+        """Abort the job and wait for the migration call to return. The job may finish between
+        the last poll and the abort (a poll can wait behind a busy QEMU monitor): then libvirt
+        refuses the abort because the domain has already left the source, the call returns
+        successfully, and the domain runs on the destination. That is a completed migration,
+        reported as one, never a failure whose undo would remove the disk it now runs on."""
+        def abort() -> None:
+            try:
+                self.service.abort_job(dom)
+            except KvmError:
+                if job.wait(ABORT_WAIT_S) and job.succeeded():
+                    return
+                raise
+            job.wait(ABORT_WAIT_S)
+
+        self.tracker.act("abort the migration job (past the timeout of %d s)" % self.params["timeout"], abort)
+        if job.succeeded():
+            self.add_progress("completed before the abort reached it")
+
     def add_progress(self, line: str) -> None:
         self.progress.append(line)
         if len(self.progress) > PROGRESS_LINES:
             del self.progress[PROGRESS_LINES // 2]
+
+    def defined_on_dest(self, name: str) -> bool:
+        """Whether the destination holds the domain after a failed live move: its volumes are then
+        its disks, whatever the failure was, and are not removed. Unknown counts as defined."""
+        try:
+            return self.service.dest.lookup(name) is not None
+        except KvmError:
+            return True
 
     def undo_created(self, created: List[Dict[str, str]]) -> None:
         for where in reversed(created):

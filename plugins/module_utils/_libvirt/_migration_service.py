@@ -55,6 +55,10 @@ class LiveMigrationJob:
         self._thread.join(seconds)
         return not self._thread.is_alive()
 
+    def succeeded(self) -> bool:
+        """True once the migration call has returned without an error."""
+        return not self._thread.is_alive() and self._error is None
+
     def result(self) -> None:
         """Raise what the migration call raised (a LibvirtCallError with libvirt's words)."""
         if self._error is not None:

@@ -77,6 +77,9 @@ class FakeJob:
                     self.finish()
         return self.done
 
+    def succeeded(self) -> bool:
+        return self.done and self.error is None
+
     def result(self) -> None:
         if self.error:
             raise self.error
@@ -175,6 +178,43 @@ def test_past_the_timeout_the_job_is_aborted_and_the_domain_stays_on_the_source(
     assert err.details["undone"] == ["removed /default-pool/mover.qcow2 on the destination"]
     with pytest.raises(libvirt.libvirtError):
         conns["dst"].storageVolLookupByPath("/default-pool/mover.qcow2")
+
+
+def test_a_job_that_completes_as_the_abort_comes_is_a_completed_move_and_keeps_the_destination_disk(conns):
+    # A poll can wait behind a busy QEMU monitor: the deadline is seen only after the migration has
+    # moved the domain, and libvirt refuses the abort since the domain has left the source.
+    runner = runner_for(conns, clock=Clock(5.0), timeout=20)
+    job = FakeJob(None, finish=arrive(conns, "mlkvmtest-mover"))
+    runner.service.start_live_migration = lambda *args: job
+    runner.service.job_stats = lambda dom: STATS[0]
+
+    def abort_too_late(dom: Any) -> None:
+        job.polls = 0  # the migration call returns successfully on the next wait
+        raise KvmError("libvirt error while aborting the migration of mlkvmtest-mover: code 42: Domain not found")
+
+    runner.service.abort_job = abort_too_late
+    result = runner.run()
+    assert result["changed"] is True and not result.get("failed"), result
+    assert "abort the migration job (past the timeout of 20 s)" in result["actions"]
+    assert "completed before the abort reached it" in result["progress"]
+    assert conns["dst"].lookupByName("mlkvmtest-mover").isActive()
+    assert conns["dst"].storageVolLookupByPath("/default-pool/mover.qcow2") is not None
+
+
+def test_an_abort_that_fails_while_the_job_runs_on_fails_the_move_naming_both(conns):
+    runner = runner_for(conns, clock=Clock(5.0), timeout=20)
+    job = FakeJob(None)
+    runner.service.start_live_migration = lambda *args: job
+    runner.service.job_stats = lambda dom: STATS[0]
+
+    def abort_refused(dom: Any) -> None:
+        raise KvmError("libvirt error while aborting the migration of mlkvmtest-mover: code 55: operation not valid")
+
+    runner.service.abort_job = abort_refused
+    with pytest.raises(KvmError) as caught:
+        runner.run()
+    assert "code 55" in caught.value.msg
+    assert caught.value.details["failed_action"] == "abort the migration job (past the timeout of 20 s)"
 
 
 class GpuOnDest:
