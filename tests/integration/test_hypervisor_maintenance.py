@@ -1,0 +1,309 @@
+"""playbooks/hypervisor_maintenance.yml against two real libvirt daemons and a real Alertmanager.
+
+The inventory has two hypervisors, both reached with a local connection: ``this`` (the host's
+libvirtd, as the second daemon reaches it: ``hv2.host_uri``) and ``hv2`` (the second libvirtd of
+tests/second_hypervisor.py, in its own namespaces). The playbook maintains hv2 only (``--limit hv2``)
+with updates and reboot off: it marks hv2 (a textfile metric, an Alertmanager silence), drains its
+running domains onto ``this`` (the first other host of the group), and brings them back.
+
+What is real: both daemons, libvirt's peer-to-peer live migration and the disk copy over the veth,
+the domain module's shutdown and start, Alertmanager's API (a process of this test on a free
+loopback port, with its own storage). What is not: a guest with a PCI host device (this machine has
+none to pass through), so the GPU path's cold move is proven by the module's own tests only; the
+domain that stays behind is shut down by force (a SeaBIOS-only guest does not answer ACPI).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from test_inventory import inventory
+from test_migration import disk_in, domain_xml, env, has_pattern, hv2, lookup  # noqa: F401  # pylint: disable=unused-import  # env, hv2: fixtures
+
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not ALERTMANAGER, reason="needs Alertmanager (Debian: prometheus-alertmanager)"),
+]
+
+PLAYBOOK = ROOT / "playbooks" / "hypervisor_maintenance.yml"
+BIN = ROOT / ".venv" / "bin"
+READY_TIMEOUT_S = 60.0
+# One line per task result at -v: "changed: [hv2] => (item=NAME) => {...}" or "ok: [hv2] => {...}".
+RESULT_LINE = re.compile(r"^(ok|changed|skipping|fatal|failed): \[([^]]+)\](?:: FAILED!)?(?: => \(item=(.*?)\))? => (\{.*\})$")
+
+
+# ---------------------------------------------------------------------------------- Alertmanager
+class Alertmanager:
+    """A real Alertmanager on a free loopback port, with one receiver that sends nothing."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "Alertmanager":
+        config = self.tmp / "alertmanager.yml"
+        config.write_text(yaml.safe_dump({"route": {"receiver": "nowhere"}, "receivers": [{"name": "nowhere"}]}))
+        (self.tmp / "data").mkdir()
+        with open(self.tmp / "alertmanager.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [ALERTMANAGER, "--config.file=%s" % config, "--storage.path=%s" % (self.tmp / "data"),
+                 "--web.listen-address=127.0.0.1:%d" % self.port, "--cluster.listen-address="],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("Alertmanager exited (rc %s): %s" % (self.proc.returncode, self.log_tail()))
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=5) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError("Alertmanager not ready on %s within %.0f s: %s" % (self.url, READY_TIMEOUT_S, self.log_tail()))
+
+    def log_tail(self) -> str:
+        return "\n".join((self.tmp / "alertmanager.log").read_text(errors="replace").splitlines()[-20:])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+
+    def api(self, path: str, body: Optional[Dict[str, Any]] = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + "/api/v2" + path, data=data, method="POST" if data else "GET",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=15) as answer:
+            return json.loads(answer.read().decode())
+
+    def silences_of(self, host: str) -> List[Dict[str, Any]]:
+        """The silences mlinfra.kvm made for ``host``, by id."""
+        matchers = [{"name": "host", "value": host, "isRegex": False, "isEqual": True}]
+        return [s for s in self.api("/silences") if s["createdBy"] == "mlinfra.kvm" and s["matchers"] == matchers]
+
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alertmanager]:
+    server = Alertmanager(tmp_path_factory.mktemp("alertmanager")).start()
+    yield server
+    server.stop()
+
+
+# ---------------------------------------------------------------------------------- the playbook
+@pytest.fixture
+def site(env: Dict[str, Any], alertmanager: Alertmanager, tmp_path: Path) -> Dict[str, Any]:  # noqa: F811
+    """The two-hypervisor inventory and each one's textfile directory."""
+    hv = env["hv2"]
+    textfiles = {name: tmp_path / ("textfile-" + name) for name in ("this", "hv2")}
+    for path in textfiles.values():
+        path.mkdir()
+    hosts = {
+        "this": {"libvirt_uri": hv.host_uri, "migration_uri": hv.host_migration_uri},
+        "hv2": {"libvirt_uri": hv.uri, "migration_uri": hv.migration_uri},
+    }
+    for name, host in hosts.items():
+        host.update({"ansible_connection": "local", "monitoring_textfile_dir": str(textfiles[name])})
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_python_interpreter": str(BIN / "python")},
+        "children": {"hypervisors": {"hosts": hosts}}}}))
+    return dict(env, inventory=path, textfiles=textfiles, alertmanager=alertmanager, tmp=tmp_path)
+
+
+def play(site: Dict[str, Any], evars: Dict[str, Any], check: bool = False, rc: int = 0) -> Dict[str, Any]:
+    """The playbook over hv2; the recap and every task result (-v prints each as JSON)."""
+    evars = dict({"hypervisor_maintenance_updates": False, "hypervisor_maintenance_reboot": False,
+                  "hypervisor_maintenance_alertmanager_url": site["alertmanager"].url,
+                  "hypervisor_maintenance_migration_timeout": 300}, **evars)
+    varfile = site["tmp"] / "vars.json"
+    varfile.write_text(json.dumps(evars))
+    environ = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_CALLBACK_FORMAT_PRETTY="0")
+    began = time.monotonic()
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-v", "-i", str(site["inventory"]), str(PLAYBOOK),
+                           "--limit", "hv2", "-e", "@%s" % varfile] + (["--check"] if check else []),
+                          cwd=str(ROOT), env=environ, capture_output=True, text=True, timeout=900, check=False)
+    print("playbook%s: %.1f s" % (" --check" if check else "", time.monotonic() - began))
+    site["runs"] = site.get("runs", 0) + 1
+    (site["tmp"] / ("play-%d.log" % site["runs"])).write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == rc, proc.stdout[-6000:] + proc.stderr[-3000:]
+    tasks: Dict[str, List[Dict[str, Any]]] = {}
+    task = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("TASK ["):
+            task = line[len("TASK ["):line.rindex("]")]
+            tasks.setdefault(task, [])
+            continue
+        match = RESULT_LINE.match(line)
+        if match and task:
+            tasks[task].append(dict(json.loads(match.group(4)), _status=match.group(1), _item=match.group(3)))
+    recap = re.search(r"^hv2\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout, re.M)
+    assert recap and recap.group(4) == ("0" if rc == 0 else "1"), proc.stdout[-3000:]
+    changed = sorted({t for t, results in tasks.items() if any(r["_status"] == "changed" for r in results)})
+    return {"tasks": tasks, "changed": changed, "stdout": proc.stdout}
+
+
+def results_of(run: Dict[str, Any], task_start: str) -> List[Dict[str, Any]]:
+    """The item results of the task whose name starts with ``task_start``."""
+    found = [results for name, results in run["tasks"].items() if name.startswith(task_start)]
+    assert len(found) == 1, (task_start, list(run["tasks"]))
+    return [r for r in found[0] if r["_item"] is not None]
+
+
+def record_of(run: Dict[str, Any]) -> Dict[str, Any]:
+    (report,) = [r for name, results in run["tasks"].items() if name.startswith("Report the maintenance")
+                 for r in results]
+    return report["hypervisor_maintenance_record"]
+
+
+MIGRATIONS = ("Migrate the domains without", "Migrate the domains with PCI", "Shut down the domains",
+              "Migrate the live-moved", "Migrate the cold-moved", "Start the domains")
+
+
+def test_empty_hypervisor_moves_nothing_and_reuses_an_active_silence(site):
+    """Nothing runs on hv2: no move, no shutdown; the active silence an interrupted run left for
+    hv2 is reused (no second one) and expired; what changes is the mark and the unmark only."""
+    am = site["alertmanager"]
+    now = time.time()
+    left = am.api("/silences", {
+        "matchers": [{"name": "host", "value": "hv2", "isRegex": False, "isEqual": True}],
+        "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        "endsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 3600)),
+        "createdBy": "mlinfra.kvm", "comment": "left by an interrupted maintenance"})["silenceID"]
+    before = {s["id"] for s in am.silences_of("hv2")}
+
+    run = play(site, {})
+    assert run["changed"] == ["Expire the silence in Alertmanager %s" % left,
+                              "Mark the maintenance in the textfile metric %s"
+                              % (site["textfiles"]["hv2"] / "mlinfra_hypervisor_maintenance.prom"),
+                              "Remove the maintenance textfile metric %s"
+                              % (site["textfiles"]["hv2"] / "mlinfra_hypervisor_maintenance.prom")], run["changed"]
+    for task in MIGRATIONS:
+        assert results_of(run, task) == [], task
+    assert record_of(run) == {"hypervisor": "hv2", "destination": "this", "started": record_of(run)["started"],
+                              "silence_id": left, "live": [], "cold": [], "stopped": []}
+    after = {s["id"]: s for s in am.silences_of("hv2")}
+    assert set(after) == before, "no second silence"
+    assert after[left]["status"]["state"] == "expired"
+    assert not any(list(p.iterdir()) for p in site["textfiles"].values()), "no marker left"
+
+
+def test_preflight_refuses_hv2_as_its_own_destination_before_anything(site):
+    run = play(site, {"hypervisor_maintenance_destination": "hv2"}, rc=2)
+    assert run["changed"] == [] and list(run["tasks"]) == ["Assert the maintenance request is complete for hv2"]
+    (refused,) = run["tasks"]["Assert the maintenance request is complete for hv2"]
+    assert refused["_status"] == "fatal" and "set hypervisor_maintenance_destination" in refused["msg"], refused
+    assert not [s for s in site["alertmanager"].silences_of("hv2") if s["status"]["state"] == "active"]
+    assert not list(site["textfiles"]["hv2"].iterdir())
+
+
+def test_drains_hv2_onto_this_host_and_brings_everything_back(site):
+    host, second, hv = site["host"], site["second"], site["hv2"]
+    prefix, am = site["prefix"], site["alertmanager"]
+    live, stays, gpu = prefix + "live", prefix + "stays", prefix + "gpu"
+    # The image is made (with the test pattern) in this host's pool and moved into hv2's at the same path.
+    path = disk_in(host, site["pool"], "live.qcow2")
+    shutil.move(str(path), str(hv.path_here(str(path))))
+    for conn in (host, second):
+        conn.storagePoolLookupByName(site["pool"]).refresh(0)
+    second.defineXML(domain_xml(live, [path], site["network"])).create()
+    second.defineXML(domain_xml(stays, [], site["network"])).create()
+    second.defineXML(domain_xml(gpu, [], None, hostdev="0000:7f:1f.7"))  # shut off: it stays as it is
+    uuid = lookup(second, live).UUIDString()
+    evars = {"hypervisor_maintenance_stop_domains": [stays], "hypervisor_maintenance_shutdown_timeout": 1,
+             "hypervisor_maintenance_shutdown_force": True}
+    prom = site["textfiles"]["hv2"] / "mlinfra_hypervisor_maintenance.prom"
+    silences = {s["id"] for s in am.silences_of("hv2")}
+
+    def all_home() -> None:
+        for name in (live, stays):
+            dom = lookup(second, name)
+            assert dom is not None and dom.isActive(), name
+        assert lookup(second, live).UUIDString() == uuid
+        assert not lookup(second, gpu).isActive()
+        assert all(lookup(host, name) is None for name in (live, stays, gpu)), "nothing left on this host"
+        assert not prom.exists()
+
+    # Check mode predicts the drain and moves nothing.
+    predicted = play(site, evars, check=True)
+    (move,) = results_of(predicted, "Migrate the domains without")
+    assert move["_item"] == live and move["_status"] == "changed" and move["mode"] == "live"
+    assert move["disks"] == [{"target": "vda", "path": str(path), "action": "copy"}]
+    (stop,) = results_of(predicted, "Shut down the domains")
+    assert stop["_item"] == stays and stop["_status"] == "changed"
+    assert results_of(predicted, "Migrate the domains with PCI") == []
+    all_home()
+    assert {s["id"] for s in am.silences_of("hv2")} == silences, "check mode makes no silence"
+
+    applied = play(site, evars)
+    record = record_of(applied)
+    assert record["live"] == [live] and record["cold"] == [] and record["stopped"] == [stays], record
+    (there,) = results_of(applied, "Migrate the domains without")
+    assert there["mode"] == "live" and there["destination"] == hv.host_uri and there["progress"][-1] == "completed"
+    (back,) = results_of(applied, "Migrate the live-moved")
+    assert back["mode"] == "live" and back["destination"] == hv.uri
+    (started,) = results_of(applied, "Start the domains")
+    assert started["_status"] == "changed"
+    all_home()
+    assert has_pattern(hv.path_here(str(path))), "the disk went there and back intact"
+    (silence,) = [s for s in am.silences_of("hv2") if s["id"] not in silences]
+    assert silence["id"] == record["silence_id"] and silence["status"]["state"] == "expired", silence
+    assert "hv2" in silence["comment"] and "this" in silence["comment"]
+    (marked,) = [r for name, results in applied["tasks"].items() if name.startswith("Mark the maintenance")
+                 for r in results]
+    assert marked["dest"] == str(prom) and marked["checksum"] == hashlib.sha1(marker(record["started"])).hexdigest()
+
+    # A second run drains and restores the same way, with a silence of its own.
+    again = record_of(play(site, evars))
+    assert again["live"] == [live] and again["stopped"] == [stays] and again["silence_id"] not in silences | {silence["id"]}
+    all_home()
+    assert has_pattern(hv.path_here(str(path)))
+    assert all(s["status"]["state"] == "expired" for s in am.silences_of("hv2"))
+
+
+def marker(started: int) -> bytes:
+    """The textfile metric the playbook writes for hv2 while it is in maintenance."""
+    return ("# HELP mlinfra_hypervisor_maintenance 1 while playbooks/hypervisor_maintenance.yml of mlinfra.kvm drains,"
+            " updates or reboots this hypervisor.\n"
+            "# TYPE mlinfra_hypervisor_maintenance gauge\n"
+            'mlinfra_hypervisor_maintenance{hypervisor="hv2"} 1\n'
+            "# HELP mlinfra_hypervisor_maintenance_start_timestamp_seconds When that maintenance began (Unix time).\n"
+            "# TYPE mlinfra_hypervisor_maintenance_start_timestamp_seconds gauge\n"
+            'mlinfra_hypervisor_maintenance_start_timestamp_seconds{hypervisor="hv2"} %d\n' % started).encode()
+
+
+def test_inventory_lists_the_domains_of_both_hypervisors(site, tmp_path):
+    host, second, hv = site["host"], site["second"], site["hv2"]
+    prefix = site["prefix"]
+    host.defineXML(domain_xml(prefix + "here", [], None))
+    second.defineXML(domain_xml(prefix + "there", [], None))
+    data = inventory(tmp_path, {"uri": ["qemu:///system", hv.uri], "name_filter": "^" + re.escape(prefix)})
+    hostvars = data["_meta"]["hostvars"]
+    assert sorted(hostvars) == [prefix + "here", prefix + "there"]
+    assert hostvars[prefix + "here"]["libvirt_uri"] == "qemu:///system"
+    assert hostvars[prefix + "there"]["libvirt_uri"] == hv.uri
