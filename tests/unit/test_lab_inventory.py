@@ -69,7 +69,7 @@ def test_example_inventory_graph():
 
 
 @pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/example"])
-@pytest.mark.parametrize("playbook", ["site.yml", "teardown.yml", "snapshot.yml", "pipeline.yml"])
+@pytest.mark.parametrize("playbook", ["site.yml", "teardown.yml", "snapshot.yml", "pipeline.yml", "hypervisor_maintenance.yml", "slurm.yml"])
 def test_playbooks_syntax(inventory, playbook):
     proc = ansible("ansible-playbook", "-i", inventory, "--syntax-check", "playbooks/" + playbook)
     assert proc.returncode == 0, proc.stdout + proc.stderr
