@@ -17,7 +17,7 @@ APT_PACKAGES := libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 	slurmctld slurmd slurmdbd slurm-client munge mariadb-server
 
 .PHONY: help setup apt venv vendor daemons test test-unit test-gates test-integration test-vm test-container test-lab test-molecule test-gpu-host \
-	image lab teardown bench build clean sanity units lint changelog docs role-readmes
+	image lab teardown bench bench-lab build clean sanity units lint changelog docs role-readmes
 
 help:
 	@echo "make setup             install Debian packages, create .venv, start libvirtd/virtlogd"
@@ -34,6 +34,7 @@ help:
 	@echo "make lab               the main job: site.yml against inventories/lab"
 	@echo "make teardown          remove the lab's VMs, volumes and networks (keeps the image)"
 	@echo "make bench             benchmarks under bench/ (not part of the tests)"
+	@echo "make bench-lab         the lab: first run, re-run with nothing to change, per-host module executions"
 	@echo "make build             ansible-galaxy collection build"
 	@echo "make sanity            ansible-test sanity on a copy of the tree (about 1 min warm; in the unit tier)"
 	@echo "make units             the unit tier through ansible-test units (about 7 min; CI runs it through pytest)"
@@ -119,6 +120,9 @@ teardown: setup
 
 bench: setup
 	@bash bench/run.sh
+
+bench-lab: setup  # the lab alone: first run and re-run, per-host module executions (bench/lab/run.py)
+	@$(VENV)/bin/python bench/lab/run.py $(BENCH_ARGS)
 
 build: venv vendor  # the tarball carries the dashboard's chart library (git-ignored, vendored)
 	@$(VENV)/bin/ansible-galaxy collection build --force --output-path .

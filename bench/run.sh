@@ -11,3 +11,7 @@ echo "== domains: 100 domains no-op re-run vs community.libvirt.virt; inventory 
 bash bench/domains/run.sh
 echo "== ml_stage: no-op check and hashing throughput vs DVC"
 bash bench/stage/run.sh
+if [ "${MLKVM_BENCH_LAB:-1}" != 0 ]; then
+  echo "== lab: the first make lab and a make lab with nothing to change, per-host module executions (about 30 min; MLKVM_BENCH_LAB=0 leaves it out)"
+  .venv/bin/python bench/lab/run.py
+fi
