@@ -54,8 +54,8 @@ def per_host(results: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
         row = hosts[item["host"]]
         row["tasks"] += 1
         row["changed"] += int(item["changed"])
-        if item["module_execution"]:
-            row["executions"] += 1
+        if item["module_executions"]:
+            row["executions"] += item["module_executions"]
             row["seconds"] = round(row["seconds"] + (item["seconds"] or 0.0), 1)
     return dict(sorted(hosts.items()))
 

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 """Where a site.yml run spends its time, per host: every task result with its wall time, written
-as JSON to $MLKVM_LAB_PROFILE when the run ends (bench/lab/run.py reads it). A task counts as a
-module execution on a host when it reached that host: results of actions that only run on the
-controller (set_fact, assert, debug, ...) are recorded but not counted."""
+as JSON to $MLKVM_LAB_PROFILE when the run ends (bench/lab/run.py reads it). A task's module executions
+on a host are the module runs that reached that host (one per item of a loop): results of actions
+that only run on the controller (set_fact, assert, debug, ...) are recorded but not counted."""
 from __future__ import annotations
 
 import json
@@ -60,9 +60,20 @@ class CallbackModule(CallbackBase):
             "action": action,
             "status": status,
             "changed": bool(result._result.get("changed")),
-            "module_execution": status != "skipped" and action not in CONTROLLER_ONLY,
+            "module_executions": self.executions(result, status, action),
             "seconds": round(time.monotonic() - began, 3) if began is not None else None,
         })
+
+    @staticmethod
+    def executions(result, status: str, action: str) -> int:
+        """Module runs on the host behind one task result: one, or one per item that was not
+        skipped for a loop; none for a skipped task or a controller-only action."""
+        if status == "skipped" or action in CONTROLLER_ONLY:
+            return 0
+        items = result._result.get("results")
+        if isinstance(items, list):
+            return sum(1 for item in items if isinstance(item, dict) and not item.get("skipped"))
+        return 1
 
     def v2_runner_on_ok(self, result):
         self.record(result, "ok")
