@@ -649,8 +649,7 @@ class MigrationRunner(ObjectRunner):
                     self.add_progress(line)
                     last = line
             if self.monotonic() > deadline:
-                self.abort_past_deadline(dom, job)
-                if job.succeeded():
+                if self.abort_past_deadline(dom, job):
                     break
                 raise KvmError("the live migration of %s did not finish within %d s (option timeout) and was aborted: "
                                "raise timeout, or bound the downtime less tightly (max_downtime_ms) so that it can "
@@ -658,8 +657,9 @@ class MigrationRunner(ObjectRunner):
         job.result()
         self.add_progress("completed")
 
-    def abort_past_deadline(self, dom: Any, job: Any) -> None:
-        """Abort the job and wait for the migration call to return. The job may finish between
+    def abort_past_deadline(self, dom: Any, job: Any) -> bool:
+        """Abort the job and wait for the migration call to return; True when the migration
+        completed all the same. The job may finish between
         the last poll and the abort (a poll can wait behind a busy QEMU monitor): then libvirt
         refuses the abort because the domain has already left the source, the call returns
         successfully, and the domain runs on the destination. That is a completed migration,
@@ -674,8 +674,10 @@ class MigrationRunner(ObjectRunner):
             job.wait(ABORT_WAIT_S)
 
         self.tracker.act("abort the migration job (past the timeout of %d s)" % self.params["timeout"], abort)
-        if job.succeeded():
-            self.add_progress("completed before the abort reached it")
+        if not job.succeeded():
+            return False
+        self.add_progress("completed before the abort reached it")
+        return True
 
     def add_progress(self, line: str) -> None:
         self.progress.append(line)
