@@ -76,6 +76,13 @@ def test_stage_scripts_four_ways_then_a_drifted_script_alone(tmp_path):
     assert (root / "code" / "prepare.py").stat().st_mode & 0o7777 == 0o644
     assert changed(play) == []
 
+    # The directories come from the same one read: a drifted mode is corrected alone.
+    (root / "data").chmod(0o755)
+    assert changed(play, "--check") == ["Pipeline directories: data"]
+    assert changed(play) == ["Pipeline directories: data"]
+    assert (root / "data").stat().st_mode & 0o7777 == 0o750
+    assert changed(play) == []
+
 
 def test_dashboard_files_four_ways_then_reinstalled_without_their_digest(tmp_path):
     target = tmp_path / "dashboard"
