@@ -9,13 +9,7 @@ module: cloud_init
 short_description: NoCloud seed ISOs for cloud-init guests, rebuilt only when their content changes
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
+  - mlinfra.kvm.attributes
 version_added: 0.1.0
 description:
   - Renders C(user-data), C(meta-data) and (optionally) C(network-config) and writes them to a

@@ -9,13 +9,7 @@ module: config_files
 short_description: Directories and whole files (content, mode, owner, group) in one module run, each file checked before it replaces the old one
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
+  - mlinfra.kvm.attributes
 version_added: "0.3.0"
 description:
   - Makes each directory of I(directories) exist with I(mode), I(owner) and I(group), then each file

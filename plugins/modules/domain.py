@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: domain
 short_description: Declarative libvirt domains (VMs) with PCI passthrough for GPU workers
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.1.0
 description:
   - Defines, updates, starts, stops, pauses and removes libvirt domains from structured options
@@ -386,6 +379,7 @@ options:
     default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.libvirt.partial_change

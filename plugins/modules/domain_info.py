@@ -7,14 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: domain_info
 short_description: What an operator needs to see that libvirt domains are healthy
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: N/A
-    details: Reads only; there is nothing to show a difference of.
-  platform:
-    platforms: posix
 version_added: 0.1.0
 description:
   - Reports one domain (O(name)) or all of them - state, vCPUs, memory, interfaces with MACs and
@@ -37,6 +29,7 @@ options:
     default: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes.info
   - mlinfra.kvm.libvirt
 notes:
   - Never changes anything; runs in check mode too.

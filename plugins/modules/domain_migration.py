@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: domain_migration
 short_description: Move a libvirt domain to another hypervisor, live or cold
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.5.0
 description:
   - Moves the domain O(name) from the hypervisor of O(uri) (the source) to the one of O(dest_uri).
@@ -154,6 +147,7 @@ options:
         default: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.libvirt.partial_change

@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: domains
 short_description: A hypervisor's libvirt domains as one list (merged, replaced, overridden, deleted, gathered, rendered)
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.3.0
 description:
   - Declares many domains in one module call, with the states of Ansible's network resource
@@ -487,6 +480,7 @@ notes:
     fails when it starts (libvirt refuses a device in use).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.resource_list

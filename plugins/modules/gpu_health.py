@@ -9,14 +9,7 @@ module: gpu_health
 short_description: Is each NVIDIA GPU healthy enough to train on
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: N/A
-    details: Reads only; there is nothing to show a difference of.
-  platform:
-    platforms: posix
+  - mlinfra.kvm.attributes.info
 version_added: 0.5.0
 description:
   - Reads each GPU through NVML (the C(pynvml) module of C(nvidia-ml-py)) when it imports and

@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: hugepages
 short_description: Reserve 2M or 1G hugepages now and at boot, and report what the kernel granted
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: "0.1.0"
 description:
   - Sets C(<sysfs_root>/kernel/mm/hugepages/hugepages-<size>kB/nr_hugepages) to I(count) now, then
@@ -53,6 +46,7 @@ options:
     default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.host.sysfs_root
   - mlinfra.kvm.host.proc_root
   - mlinfra.kvm.host.etc_root

@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: kernel_cmdline
 short_description: Kernel command line arguments present or absent (GRUB drop-in or grubby), with reboot_required
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: "0.1.0"
 description:
   - Makes kernel arguments (C(intel_iommu=on), C(iommu=pt), C(default_hugepagesz=1G hugepagesz=1G hugepages=N),
@@ -80,6 +73,7 @@ options:
     default: 300
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.host.etc_root
   - mlinfra.kvm.host.proc_root
 notes:

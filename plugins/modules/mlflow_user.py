@@ -9,13 +9,7 @@ module: mlflow_user
 short_description: An MLflow tracking server's basic-auth user and its experiment permissions
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
+  - mlinfra.kvm.attributes
 version_added: "0.2.0"
 description:
   - Keeps one user of an MLflow tracking server that runs MLflow's basic-auth app

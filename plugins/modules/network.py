@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: network
 short_description: Declarative libvirt virtual networks (NAT, routed, isolated, bridged)
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.1.0
 description:
   - Defines, starts, autostarts and removes libvirt networks from structured options.
@@ -137,6 +130,7 @@ notes:
     a dnsmasq that cannot run); those are what the restore covers.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.libvirt.partial_change

@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: networks
 short_description: A hypervisor's libvirt networks as one list (merged, replaced, overridden, deleted, gathered, rendered)
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.3.0
 description:
   - Declares many networks in one module call, with the states of Ansible's network resource
@@ -179,6 +172,7 @@ notes:
     failure reports the items done before it (C(objects), C(changed=true) when any changed).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.resource_list

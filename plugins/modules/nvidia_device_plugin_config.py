@@ -9,13 +9,7 @@ module: nvidia_device_plugin_config
 short_description: Render the NVIDIA Kubernetes device plugin's config and a mig-parted config
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
+  - mlinfra.kvm.attributes
 version_added: "0.2.0"
 description:
   - Renders, from options, the config file of the NVIDIA device plugin for Kubernetes

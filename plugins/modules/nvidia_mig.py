@@ -9,13 +9,7 @@ module: nvidia_mig
 short_description: Declarative MIG mode and GPU-instance geometry of one NVIDIA GPU
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
+  - mlinfra.kvm.attributes
 version_added: "0.2.0"
 description:
   - Brings one GPU's Multi-Instance GPU (MIG) mode and its GPU instances (GIs) to the wanted

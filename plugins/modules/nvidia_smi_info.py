@@ -9,14 +9,7 @@ module: nvidia_smi_info
 short_description: NVIDIA GPU facts from nvidia-smi's XML log
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: N/A
-    details: Reads only; there is nothing to show a difference of.
-  platform:
-    platforms: posix
+  - mlinfra.kvm.attributes.info
 version_added: 0.1.0
 description:
   - Runs C(nvidia-smi -q -x) (or reads a saved copy of its output) and returns, for each

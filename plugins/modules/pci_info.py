@@ -7,14 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: pci_info
 short_description: Report PCI devices, GPUs and the IOMMU state of a host, and whether each GPU can be passed through
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: N/A
-    details: Reads only; there is nothing to show a difference of.
-  platform:
-    platforms: posix
 version_added: "0.1.0"
 description:
   - Reads sysfs (and C(/proc/cmdline), C(/proc/cpuinfo)) and reports every PCI device with its
@@ -43,6 +35,7 @@ options:
     default: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes.info
   - mlinfra.kvm.host.sysfs_root
   - mlinfra.kvm.host.proc_root
 notes:

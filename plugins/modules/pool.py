@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: pool
 short_description: Declarative libvirt storage pools (dir, logical, netfs)
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.1.0
 description:
   - Defines, builds, starts, autostarts and removes libvirt storage pools.
@@ -122,6 +115,7 @@ notes:
     volumes that such a run made meanwhile are deleted too and listed in RV(purged).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.libvirt.partial_change

@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: pools
 short_description: A hypervisor's libvirt pools as one list (merged, replaced, overridden, deleted, gathered, rendered)
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.3.0
 description:
   - Declares many pools in one module call, with the states of Ansible's network resource
@@ -145,6 +138,7 @@ notes:
     out of RV(gathered) and never removed by O(state=overridden).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.resource_list

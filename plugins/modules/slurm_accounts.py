@@ -8,14 +8,8 @@ DOCUMENTATION = r'''
 module: slurm_accounts
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
 short_description: Slurm accounts, QOS and users in slurmdbd, declared per cluster
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.5.0
 description:
   - Makes slurmdbd's accounting for one cluster match a declaration in three lists - O(qos), O(accounts)

@@ -8,14 +8,8 @@ DOCUMENTATION = r'''
 module: slurm_config
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
 short_description: A Slurm cluster's slurm.conf, gres.conf and cgroup.conf from one declaration
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.5.0
 description:
   - Renders the three files every Slurm host reads from one description of the cluster (controller,

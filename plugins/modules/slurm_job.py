@@ -8,14 +8,13 @@ DOCUMENTATION = r'''
 module: slurm_job
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes.posix
 short_description: Hold a Slurm allocation for one stage run, found again by its name, and account for it
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
-  platform:
-    platforms: posix
 version_added: 0.5.0
 description:
   - A stage that runs under Slurm holds its nodes as one job (every node at once or none), starts its

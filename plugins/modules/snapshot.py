@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: snapshot
 short_description: Create, revert to and delete internal libvirt snapshots of a domain
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.1.0
 description:
   - Creates named snapshots of a domain with a description and metadata, reverts the domain to
@@ -93,6 +86,7 @@ options:
     default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.libvirt.partial_change

@@ -7,14 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: snapshot_info
 short_description: List the libvirt snapshots of a domain
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: N/A
-    details: Reads only; there is nothing to show a difference of.
-  platform:
-    platforms: posix
 version_added: 0.2.0
 description:
   - Lists a domain's snapshots, oldest first (parents before their children), with their
@@ -37,6 +29,7 @@ options:
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes.info
   - mlinfra.kvm.libvirt
 notes:
   - Never changes anything, so diff mode has nothing to show.

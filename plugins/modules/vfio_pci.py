@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: vfio_pci
 short_description: Bind PCI devices (GPUs) to vfio-pci now and at every boot, whole IOMMU groups only
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: "0.1.0"
 description:
   - Binds the requested devices to C(vfio-pci) now (C(driver_override), unbind from the host
@@ -130,6 +123,7 @@ options:
     default: 300
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.host.sysfs_root
   - mlinfra.kvm.host.proc_root
   - mlinfra.kvm.host.etc_root

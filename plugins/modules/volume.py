@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: volume
 short_description: Declarative libvirt storage volumes (qcow2, raw, overlays, imports)
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.1.0
 description:
   - Creates, grows and deletes volumes in a libvirt storage pool.
@@ -118,6 +111,7 @@ notes:
     that uses the file through another path (a symlink) is not recognised.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.libvirt.partial_change

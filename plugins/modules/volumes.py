@@ -7,13 +7,6 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: volumes
 short_description: A hypervisor's libvirt volumes as one list (merged, replaced, overridden, deleted, gathered, rendered)
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
 version_added: 0.3.0
 description:
   - Declares many volumes in one module call, with the states of Ansible's network resource
@@ -127,6 +120,7 @@ notes:
   - O(state=rendered) needs O(config[].capacity) - it reads no backing image (its format defaults to V(qcow2)).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - mlinfra.kvm.attributes
   - mlinfra.kvm.libvirt
   - mlinfra.kvm.libvirt.host_lock
   - mlinfra.kvm.resource_list
