@@ -43,6 +43,8 @@ import uuid
 from pathlib import Path
 from typing import Any, List, Optional
 
+from host_network import free_subnet, run as _run
+
 # The daemons' mount namespace: private mounts over libvirt's directories, then virtlogd and
 # libvirtd (in the foreground, the harness's child). An argv, never a string with values pasted in:
 # the paths come in as positional parameters.
@@ -71,33 +73,12 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
 
-def _run(argv: List[str], timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=check)
-
-
-def used_subnets() -> List[ipaddress.IPv4Network]:
-    """Every IPv4 network this host has an address in or a route to."""
-    out = _run(["ip", "-4", "-o", "addr"]).stdout + _run(["ip", "-4", "route"]).stdout
-    found = []
-    for word in out.split():
-        if "/" in word and word[0].isdigit():
-            try:
-                found.append(ipaddress.ip_network(word, strict=False))
-            except ValueError:
-                pass
-    return found
-
-
 def free_link_subnet() -> ipaddress.IPv4Network:
     """A /30 in 10.251.0.0/16 that nothing on this host uses (two addresses: host and hypervisor)."""
-    used = used_subnets()
     start = os.getpid() % 16384
-    for step in range(16384):
-        index = (start + step) % 16384
-        net = ipaddress.ip_network("10.251.%d.%d/30" % (index // 64, (index % 64) * 4))
-        if not any(net.overlaps(u) for u in used):
-            return net
-    raise RuntimeError("no free /30 in 10.251.0.0/16 for the second hypervisor's link")
+    return free_subnet((ipaddress.ip_network("10.251.%d.%d/30" % (index // 64, (index % 64) * 4))
+                        for index in ((start + step) % 16384 for step in range(16384))),
+                       "no free /30 in 10.251.0.0/16 for the second hypervisor's link")
 
 
 def mounted(path: Path) -> bool:

@@ -23,9 +23,10 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from conftest import run_module_process
+from host_network import free_subnet, run as _run
 
 
 def _free_port() -> int:
@@ -34,29 +35,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(argv: List[str], timeout: float = 30, check: bool = True, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=check, env=env)
-
-
-def _used_subnets() -> List[ipaddress.IPv4Network]:
-    out = _run(["ip", "-4", "-o", "addr"]).stdout + _run(["ip", "-4", "route"]).stdout
-    found = []
-    for word in out.split():
-        if "/" in word and word[0].isdigit():
-            try:
-                found.append(ipaddress.ip_network(word, strict=False))
-            except ValueError:
-                pass
-    return found
-
-
 def _free_subnet() -> ipaddress.IPv4Network:
-    used = _used_subnets()
-    for third in range(10 + os.getpid() % 200, 256):
-        net = ipaddress.ip_network("10.250.%d.0/24" % third)
-        if not any(net.overlaps(u) for u in used):
-            return net
-    raise RuntimeError("no free 10.250.x.0/24 subnet for the Slurm test cluster")
+    return free_subnet((ipaddress.ip_network("10.250.%d.0/24" % third) for third in range(10 + os.getpid() % 200, 256)),
+                       "no free 10.250.x.0/24 subnet for the Slurm test cluster")
 
 
 class Cluster:
