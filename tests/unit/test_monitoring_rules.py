@@ -9,20 +9,20 @@ fires in one case (exact labels and summary) and stays quiet in another.
 """
 from __future__ import annotations
 
-import ast
 import copy
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
-import jinja2
 import jinja2.meta
 import pytest
 import yaml
+
+from prometheus_rules import (PROMTOOL, alert_cases, needs_promtool, promtool, rules_of, template_environment,
+                              write_promtool_test_dir)
 
 pytestmark = pytest.mark.unit
 
@@ -33,10 +33,6 @@ ROLE_DEFAULTS = ROLE / "defaults" / "main.yml"
 ROLE_VARS = ROLE / "vars" / "main.yml"
 PROMTOOL_TESTS = Path(__file__).resolve().parent / "monitoring" / "alerts.test.yml"
 RULE_FILE_NAME = "mlinfra-alerts.rules.yml"
-
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool (Debian package prometheus) is not installed; `make setup` installs it")
 
 # The variables the alert rules read, with the role's default values. roles/monitoring/
 # defaults/main.yml must hold the same values: where it defines them, its values are merged
@@ -68,67 +64,18 @@ def alert_names() -> List[str]:
     return yaml.safe_load(ROLE_VARS.read_text())["__monitoring_alert_names"]
 
 
-def template_environment() -> tuple:
-    """(jinja2 Environment, template source without its header), as Ansible builds them."""
-    text = TEMPLATE.read_text()
-    header, _unused, body = text.partition("\n")
-    assert header.startswith("#jinja2:"), "the template must start with a #jinja2: header line"
-    overrides = {}
-    for pair in header[len("#jinja2:"):].split(","):  # Ansible's parsing of the override line
-        key, value = pair.split(":", 1)
-        overrides[key.strip()] = ast.literal_eval(value.strip())
-    # Ansible's template module: trim_blocks on, lstrip_blocks off; undefined variables fail.
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=False, keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined, **overrides)
-    return env, body
-
-
 def render(**overrides: Any) -> str:
-    env, body = template_environment()
+    env, body = template_environment(TEMPLATE)
     values = role_defaults()
     values.update(overrides)
     return env.from_string(body).render(**values)
-
-
-def rules_of(text: str) -> List[Dict[str, Any]]:
-    return [rule for group in yaml.safe_load(text)["groups"] for rule in (group["rules"] or [])]
-
-
-def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, cwd=str(cwd), timeout=120, check=False)
-
-
-def _block_strings(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-_Dumper.add_representer(str, _block_strings)
-
-
-def write_promtool_test_dir(directory: Path, rendered: str) -> Path:
-    """The rendered rules without descriptions (operator prose, not compared by the unit
-    tests; promtool compares all annotations) and a copy of alerts.test.yml naming them."""
-    rules = yaml.safe_load(rendered)
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule.get("annotations", {}).pop("description", None)
-    (directory / RULE_FILE_NAME).write_text(yaml.dump(rules, Dumper=_Dumper, sort_keys=False, width=10 ** 6))
-    tests = yaml.safe_load(PROMTOOL_TESTS.read_text())
-    tests["rule_files"] = [RULE_FILE_NAME]
-    path = directory / "alerts.test.yml"
-    path.write_text(yaml.safe_dump(tests, sort_keys=False, width=10 ** 6, allow_unicode=True))
-    return path
 
 
 # --------------------------------------------------------------------------- the template
 
 
 def test_template_reads_only_the_documented_variables():
-    env, body = template_environment()
+    env, body = template_environment(TEMPLATE)
     used = jinja2.meta.find_undeclared_variables(env.parse(body))
     assert used == set(ALERT_VARIABLES), used ^ set(ALERT_VARIABLES)
 
@@ -237,20 +184,16 @@ def test_promtool_check_rules(tmp_path):
 
 @needs_promtool
 def test_promtool_unit_tests(tmp_path):
-    path = write_promtool_test_dir(tmp_path, render())
+    path = write_promtool_test_dir(tmp_path, render(), RULE_FILE_NAME, PROMTOOL_TESTS)
     proc = promtool("test", "rules", path.name, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_promtool_tests_cover_every_alert():
     """alerts.test.yml has, for every alert, a case where it fires and one where it is quiet."""
-    fires, quiet = set(), set()
-    for group in yaml.safe_load(PROMTOOL_TESTS.read_text())["tests"]:
-        for case in group.get("alert_rule_test", []):
-            (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
-            for alert in case.get("exp_alerts") or []:
-                assert "severity" in alert.get("exp_labels", {}), (group["name"], case["alertname"])
-                assert set(alert.get("exp_annotations", {})) == {"summary"}, (group["name"], case["alertname"])
+    fires, quiet, expected = alert_cases(PROMTOOL_TESTS)
+    for name, alert in expected:
+        assert "severity" in alert.get("exp_labels", {}), name
     names = set(alert_names())
     assert fires == names, names ^ fires
     assert quiet == names - ALWAYS_FIRING, (names - ALWAYS_FIRING) ^ quiet

@@ -8,19 +8,16 @@ labels and summary) and stays quiet in another.
 """
 from __future__ import annotations
 
-import ast
 import re
-import shutil
-import subprocess
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict
 
-import jinja2
 import jinja2.meta
 import pytest
 import yaml
 
 from conftest import ROOT
+from prometheus_rules import alert_cases, needs_promtool, promtool, rules_of, template_environment, write_promtool_test_dir
 
 pytestmark = pytest.mark.unit
 
@@ -32,25 +29,12 @@ ALERTS = ["SlurmctldDown", "SlurmdbdDown", "SlurmNodeDown", "SlurmNodeDrained", 
 VARIABLES = {"monitoring_slurm_alerts_silenced", "monitoring_slurm_alert_daemon_down_for",
              "monitoring_slurm_alert_node_for", "monitoring_slurm_alert_pending_hours"}
 
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool (Debian package prometheus) is not installed; `make setup` installs it")
-
-
 def defaults() -> Dict[str, Any]:
     return yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 
 
 def environment() -> tuple:
-    header, _unused, body = TEMPLATE.read_text().partition("\n")
-    assert header.startswith("#jinja2:"), "the template must start with a #jinja2: header line"
-    overrides = {}
-    for pair in header[len("#jinja2:"):].split(","):
-        key, value = pair.split(":", 1)
-        overrides[key.strip()] = ast.literal_eval(value.strip())
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=False, keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined, **overrides)
-    return env, body
+    return template_environment(TEMPLATE)
 
 
 def render(**overrides: Any) -> str:
@@ -58,14 +42,6 @@ def render(**overrides: Any) -> str:
     values = {k: v for k, v in defaults().items() if k in VARIABLES}
     values.update(overrides)
     return env.from_string(body).render(**values)
-
-
-def rules_of(text: str) -> List[Dict[str, Any]]:
-    return [rule for group in yaml.safe_load(text)["groups"] for rule in (group["rules"] or [])]
-
-
-def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, cwd=str(cwd), timeout=120, check=False)
 
 
 def test_the_template_reads_only_its_documented_variables_which_the_role_defines():
@@ -120,23 +96,13 @@ def test_promtool_check_rules(tmp_path):
 
 @needs_promtool
 def test_promtool_unit_tests(tmp_path):
-    rules = yaml.safe_load(render())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule["annotations"].pop("description")
-    (tmp_path / RULE_FILE_NAME).write_text(yaml.safe_dump(rules, sort_keys=False, width=10 ** 6))
-    shutil.copy(PROMTOOL_TESTS, tmp_path / PROMTOOL_TESTS.name)
-    proc = promtool("test", "rules", PROMTOOL_TESTS.name, cwd=tmp_path)
+    path = write_promtool_test_dir(tmp_path, render(), RULE_FILE_NAME, PROMTOOL_TESTS)
+    proc = promtool("test", "rules", path.name, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_promtool_tests_cover_every_alert_firing_and_quiet():
-    fires, quiet = set(), set()
-    for group in yaml.safe_load(PROMTOOL_TESTS.read_text())["tests"]:
-        for case in group.get("alert_rule_test", []):
-            (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
-            for alert in case.get("exp_alerts") or []:
-                assert set(alert.get("exp_annotations", {})) == {"summary"}, case["alertname"]
+    fires, quiet, _expected = alert_cases(PROMTOOL_TESTS)
     assert fires == quiet == set(ALERTS), (fires, quiet)
 
 
