@@ -10,17 +10,15 @@ Every process a test starts is killed in teardown, on failure too.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from conftest import ROOT, module_env, run_module_process, warning_texts
+from conftest import warning_texts
+from ml_stage_processes import StageProcesses, alive, ml, wait_until
 from mlflow_server import Server
 
 pytestmark = pytest.mark.integration
@@ -54,37 +52,17 @@ time.sleep(900)
 '''
 
 
-def alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def wait_until(what: str, predicate, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %s s waiting for %s" % (timeout, what))
-        time.sleep(0.2)
-
-
 @pytest.fixture
 def server(mlflow_server: Server) -> Server:
     return mlflow_server   # one server for the integration tier (tests/conftest.py)
 
 
-class Project:
-    """A stage directory, the module processes started on it and the pids to clean up."""
+class Project(StageProcesses):
+    """The stage directory of train.py, its module processes (their output captured) and pids."""
 
     def __init__(self, base: Path) -> None:
-        self.dir = base
-        base.mkdir(parents=True)
+        super().__init__(base, capture=True)
         (base / "train.py").write_text(SCRIPT)
-        self.modules: List[subprocess.Popen] = []
-        self.pids: List[int] = []
 
     def args(self, mlflow: Dict[str, Any] = None, **over: Any) -> Dict[str, Any]:
         args = {"name": "train", "chdir": str(self.dir), "cmd": [sys.executable, "train.py"],
@@ -94,21 +72,8 @@ class Project:
         args.update(over)
         return args
 
-    def start(self, args: Dict[str, Any]) -> subprocess.Popen:
-        """The module as Ansible starts it on a target, left running."""
-        payload = dict(args, _ansible_check_mode=False, _ansible_diff=False)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ansible_collections.mlinfra.kvm.plugins.modules.ml_stage"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=module_env(), cwd=str(ROOT), start_new_session=True)
-        self.modules.append(proc)
-        proc.stdin.write(json.dumps({"ANSIBLE_MODULE_ARGS": payload}).encode())
-        proc.stdin.close()
-        proc.stdin = None   # so that communicate() does not touch it again
-        return proc
-
     def started(self) -> Dict[str, Any]:
-        wait_until("the stage's command to start", (self.dir / "started").exists)
+        wait_until("the stage's command to start", (self.dir / "started").exists, timeout=120)
         pids = json.loads((self.dir / "started").read_text())
         self.pids += [p for p in pids.values() if p]
         return pids
@@ -120,29 +85,12 @@ class Project:
     def record(self) -> Path:
         return self.dir / ".ml_stage" / "train.running.json"
 
-    def cleanup(self) -> None:
-        for proc in self.modules:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            proc.stdout.close()
-            proc.stderr.close()
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
 
 @pytest.fixture
 def project(tmp_path: Path) -> Iterator[Project]:
     proj = Project(tmp_path / "stage")
     yield proj
     proj.cleanup()
-
-
-def ml(args: Dict[str, Any], check: bool = False) -> Dict[str, Any]:
-    return run_module_process("ml_stage", args, check=check, timeout=300)
 
 
 def test_sigkill_of_ml_stage_stops_the_command_tree_and_the_next_run_ends_its_mlflow_run(

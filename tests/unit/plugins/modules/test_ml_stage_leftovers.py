@@ -9,19 +9,17 @@ on failure too.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Dict, Iterator
 
 import pytest
 
-from conftest import ROOT, module_env, run_module_process
+from conftest import warning_texts
+from ml_stage_processes import StageProcesses, alive, ml, wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -38,30 +36,7 @@ BACKGROUND = "sleep %s & echo $! > daemon.pid; "
 STAGE = "echo run >> runs.log; if [ -e quick ]; then echo ok > out.txt; exit 0; fi; "
 
 
-def alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %s s waiting for %s" % (timeout, what))
-        time.sleep(0.1)
-
-
-class Project:
-    def __init__(self, base: Path) -> None:
-        self.dir = base
-        base.mkdir()
-        self.pids: List[int] = []
-        self.modules: List[subprocess.Popen] = []
-
+class Project(StageProcesses):
     def args(self, leave: str, seconds: float = 600, **over: Any) -> Dict[str, Any]:
         script = STAGE + (leave % seconds) + "echo ok > out.txt"
         args = {"name": "serve", "chdir": str(self.dir), "cmd": ["sh", "-c", script], "outs": ["out.txt"]}
@@ -77,29 +52,6 @@ class Project:
         log = self.dir / "runs.log"
         return len(log.read_text().splitlines()) if log.exists() else 0
 
-    def start(self, args: Dict[str, Any]) -> subprocess.Popen:
-        """The module as Ansible starts it on a target, left running."""
-        payload = dict(args, _ansible_check_mode=False, _ansible_diff=False)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ansible_collections.mlinfra.kvm.plugins.modules.ml_stage"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=module_env(), cwd=str(ROOT), start_new_session=True)
-        self.modules.append(proc)
-        proc.stdin.write(json.dumps({"ANSIBLE_MODULE_ARGS": payload}).encode())
-        proc.stdin.close()
-        proc.stdin = None
-        return proc
-
-    def cleanup(self) -> None:
-        for proc in self.modules:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 @pytest.fixture
@@ -107,14 +59,6 @@ def project(tmp_path: Path) -> Iterator[Project]:
     proj = Project(tmp_path / "stage")
     yield proj
     proj.cleanup()
-
-
-def ml(args: Dict[str, Any], check: bool = False) -> Dict[str, Any]:
-    return run_module_process("ml_stage", args, check=check, timeout=300)
-
-
-def warning_texts(res: Dict[str, Any]) -> List[str]:
-    return [w["event"]["msg"] if isinstance(w, dict) else w for w in res.get("warnings", [])]
 
 
 @pytest.mark.parametrize("leave", [SETSID, DOUBLE_FORK, BACKGROUND], ids=["setsid", "double-fork", "background"])
