@@ -15,6 +15,7 @@ import pytest
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._config_files import ConfigFilesRunner, ConfigFilesService
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import KvmError
 from conftest import four_ways, run_module_process  # noqa: E402
+from fake_module import StandInModule  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -255,18 +256,13 @@ def test_a_validate_command_that_hangs_is_killed_and_named(tmp_path: Path) -> No
 
 
 # -- the runner on its service: what a write that fails half-way reports, and check mode -------------
-class FakeModule:
+class FakeModule(StandInModule):
     def __init__(self, params: Dict[str, Any], check_mode: bool = False) -> None:
-        self.params = dict({"directories": [], "files": [], "command_timeout": 300}, **params)
+        params = dict({"directories": [], "files": [], "command_timeout": 300}, **params)
         # The suboptions' defaults, as AnsibleModule fills them in.
-        self.params["directories"] = [dict({"tag": None}, **d) for d in self.params["directories"]]
-        self.params["files"] = [dict({"tag": None, "validate": None}, **f) for f in self.params["files"]]
-        self.check_mode = check_mode
-        self._diff = False
-        self.warnings: List[str] = []
-
-    def warn(self, warning: str) -> None:
-        self.warnings.append(warning)
+        params["directories"] = [dict({"tag": None}, **d) for d in params["directories"]]
+        params["files"] = [dict({"tag": None, "validate": None}, **f) for f in params["files"]]
+        super().__init__(params, check_mode=check_mode)
 
 
 class RefusingWrites(ConfigFilesService):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import pytest
 
@@ -17,6 +17,7 @@ if str(COLLECTIONS) not in sys.path:  # the in-process tests import the module i
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import KvmError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import Roots  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._hugepages import HugepagesRunner, HugepagesService  # noqa: E402
+from fake_module import StandInModule  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -124,14 +125,9 @@ def test_bad_size_choice_refused(tree: SysfsTree) -> None:
 
 
 # -- what the kernel grants: a service seam that plays a fragmented kernel ---------------------------
-class FakeModule:
+class FakeModule(StandInModule):
     def __init__(self, params: Dict[str, Any], check_mode: bool = False) -> None:
-        self.params = params
-        self.check_mode = check_mode
-        self.warnings: List[str] = []
-
-    def warn(self, msg: str) -> None:
-        self.warnings.append(msg)
+        super().__init__(params, check_mode=check_mode)
 
 
 class StingyKernel(HugepagesService):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import pytest
 
@@ -14,22 +14,16 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._host._sysfs import Ro
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._vfio import VfioRunner, argument_spec
 from ansible_collections.mlinfra.kvm.plugins.module_utils._host._vfio_service import VfioService
 from sysfs_builder import EDU, FakeKernel, SysfsTree, gpu_host
+from fake_module import StandInModule
 
 pytestmark = pytest.mark.unit
 
 
-class FakeModule:
+class FakeModule(StandInModule):
     """The parts of AnsibleModule the runner uses; params get the argument spec's defaults."""
 
     def __init__(self, check_mode: bool = False, **params: Any) -> None:
-        self.params: Dict[str, Any] = {name: spec.get("default") for name, spec in argument_spec().items()}
-        self.params.update(params)
-        self.check_mode = check_mode
-        self._diff = False
-        self.warnings: List[str] = []
-
-    def warn(self, text: str) -> None:
-        self.warnings.append(text)
+        super().__init__(params, argument_spec(), check_mode)
 
 
 class FailingWrite(VfioService):

@@ -15,6 +15,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_pci i
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_request import DomainRequest, memory_kib
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import parse, to_string
+from fake_module import StandInModule
 
 pytestmark = pytest.mark.unit
 
@@ -448,17 +449,10 @@ class RecordingService(FakeService):
         return record
 
 
-class FakeModule:
+class FakeModule(StandInModule):
     def __init__(self, params: Dict[str, Any], check: bool = False) -> None:
         from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain import argument_spec
-        self.params = {k: v.get("default") for k, v in argument_spec().items()}
-        self.params.update(params)
-        self.check_mode = check
-        self._diff = True
-        self.warnings: List[str] = []
-
-    def warn(self, message: str) -> None:
-        self.warnings.append(message)
+        super().__init__(params, argument_spec(), check, diff=True)
 
 
 def run_domain(service, check=False, warnings=None, **params):

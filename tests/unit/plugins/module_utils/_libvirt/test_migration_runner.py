@@ -19,25 +19,20 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._migration_se
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import parse
 
 from conftest import ROOT
+from fake_module import StandInModule
 
 libvirt = pytest.importorskip("libvirt")
+
 pytestmark = pytest.mark.unit
 
 SOURCE = "test://%s" % (ROOT / "tests" / "fixtures" / "migration" / "source-node.xml")
 DEST = "test://%s" % (ROOT / "tests" / "fixtures" / "migration" / "dest-node.xml")
 
 
-class FakeModule:
+class FakeModule(StandInModule):
     def __init__(self, check_mode: bool = False, **params: Any) -> None:
-        self.params: Dict[str, Any] = {name: spec.get("default") for name, spec in argument_spec().items()}
-        self.params.update(uri=SOURCE, dest_uri=DEST, name="mlkvmtest-mover")
-        self.params.update(params)
-        self.check_mode = check_mode
-        self._diff = False
-        self.warnings: List[str] = []
-
-    def warn(self, text: str) -> None:
-        self.warnings.append(text)
+        super().__init__(dict({"uri": SOURCE, "dest_uri": DEST, "name": "mlkvmtest-mover"}, **params), argument_spec(),
+                         check_mode)
 
 
 class Clock:

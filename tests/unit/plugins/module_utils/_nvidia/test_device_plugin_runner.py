@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -17,6 +17,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._device_plugin
     DevicePluginConfigRunner, PluginConfigFiles, argument_spec, run_nvidia_device_plugin_config)
 
 from conftest import ROOT
+from fake_module import StandInModule
 
 pytestmark = pytest.mark.unit
 
@@ -24,12 +25,9 @@ FIXTURES = Path(ROOT) / "tests" / "fixtures" / "mig"
 H200 = M.profile_table((FIXTURES / "h200-lgip.txt").read_text(), (FIXTURES / "h200-lgipp.txt").read_text(), 0)
 
 
-class FakeModule:
+class FakeModule(StandInModule):
     def __init__(self, check_mode: bool = False, **params: Any) -> None:
-        self.params: Dict[str, Any] = {name: spec.get("default") for name, spec in argument_spec().items()}
-        self.params.update(params)
-        self.check_mode = check_mode
-        self._diff = False
+        super().__init__(params, argument_spec(), check_mode)
 
 
 def with_geometry(tmp_path: Path, parted: Path, check_mode: bool = False) -> FakeModule:

@@ -5,7 +5,7 @@ against a stand-in nvidia-smi is tests/unit/plugins/modules/test_nvidia_mig.py."
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import pytest
 
@@ -16,6 +16,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig_runner im
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia._mig_service import MigService
 
 from conftest import ROOT
+from fake_module import StandInModule
 
 pytestmark = pytest.mark.unit
 
@@ -26,16 +27,9 @@ ROWS = [M.GpuRow(0, UUID, "00000000:00:06.0", "NVIDIA H200", "disabled", "disabl
         M.GpuRow(1, "GPU-00000000-1111-2222-3333-444444444444", "00000000:00:07.0", "NVIDIA H200", "disabled", "disabled")]
 
 
-class FakeModule:
+class FakeModule(StandInModule):
     def __init__(self, check_mode: bool = False, **params: Any) -> None:
-        self.params: Dict[str, Any] = {name: spec.get("default") for name, spec in argument_spec().items()}
-        self.params.update(params)
-        self.check_mode = check_mode
-        self._diff = True
-        self.warnings: List[str] = []
-
-    def warn(self, text: str) -> None:
-        self.warnings.append(text)
+        super().__init__(params, argument_spec(), check_mode, diff=True)
 
 
 class StandInService:
