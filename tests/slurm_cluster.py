@@ -88,6 +88,13 @@ class Cluster:
         return args
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> "Cluster":
+        """Started (a failed start cleans up after itself); stopped when the block ends."""
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
     def start(self) -> "Cluster":
         try:
             self._network()

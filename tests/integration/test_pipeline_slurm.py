@@ -63,11 +63,8 @@ class SlurmLab:
 
 @pytest.fixture(scope="module")
 def slurm_lab(torch_python: Path, tmp_path_factory) -> Iterator[SlurmLab]:  # noqa: F811
-    cluster = Cluster(tmp_path_factory.mktemp("slurm-pipeline")).start()
-    try:
+    with Cluster(tmp_path_factory.mktemp("slurm-pipeline")) as cluster:
         yield SlurmLab(tmp_path_factory.mktemp("pipeline-slurm"), cluster, torch_python)
-    finally:
-        cluster.stop()
 
 
 def test_the_train_runs_as_one_slurm_job_across_both_nodes_then_submits_nothing(slurm_lab: SlurmLab) -> None:

@@ -18,11 +18,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("slurm"), nodes=1).start()
-    try:
+    with Cluster(tmp_path_factory.mktemp("slurm"), nodes=1) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def show(cluster: Cluster, *argv: str) -> list:

@@ -24,11 +24,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("slurm")).start()
-    try:
+    with Cluster(tmp_path_factory.mktemp("slurm")) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture

@@ -32,11 +32,8 @@ DRAIN_REASON = "gpu 0 fell off the bus"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("slurm")).start()
-    try:
+    with Cluster(tmp_path_factory.mktemp("slurm")) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def wait_for(what: str, ready, timeout: float = 60) -> None:
