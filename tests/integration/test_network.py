@@ -7,28 +7,14 @@ import libvirt
 import pytest
 
 from conftest import four_ways, run_module_process
+from host_network import addresses_in_use
 
 pytestmark = pytest.mark.integration
 
 
-def xml_or_empty(net) -> str:
-    """A network's XML; '' when another test removed it between the listing and the read."""
-    try:
-        return net.XMLDesc(0)
-    except libvirt.libvirtError:
-        return ""
-
-
 def free_subnet(*taken):
     """A /24 in 10.213.x.0 that no libvirt network, host interface or route of this host uses."""
-    import subprocess
-    conn = libvirt.open("qemu:///system")
-    try:
-        used = "".join(xml_or_empty(n) for n in conn.listAllNetworks())
-    finally:
-        conn.close()
-    used += subprocess.run(["ip", "-4", "addr", "show"], capture_output=True, text=True, check=False).stdout
-    used += subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, check=False).stdout
+    used = addresses_in_use("qemu:///system")
     for _unused in range(100):
         third = random.randint(1, 254)
         candidate = "10.213.%d" % third

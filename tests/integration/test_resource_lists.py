@@ -14,28 +14,15 @@ import libvirt
 import pytest
 
 from conftest import define_disk_domain, four_ways, run_module_process
+from host_network import addresses_in_use
 
 pytestmark = pytest.mark.integration
 URI = "qemu:///system"
 
 
-def xml_or_empty(net) -> str:
-    """A network's XML; '' when another test removed it between the listing and the read."""
-    try:
-        return net.XMLDesc(0)
-    except libvirt.libvirtError:
-        return ""
-
-
 def free_subnets(count: int) -> List[str]:
     """/24s in 10.214.x.0 that no libvirt network, host interface or route uses."""
-    conn = libvirt.open(URI)
-    try:
-        used = "".join(xml_or_empty(n) for n in conn.listAllNetworks())
-    finally:
-        conn.close()
-    used += subprocess.run(["ip", "-4", "addr", "show"], capture_output=True, text=True, check=False).stdout
-    used += subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, check=False).stdout
+    used = addresses_in_use(URI)
     free = [s for s in ("10.214." + str(third) for third in random.sample(range(1, 255), 120)) if s + "." not in used]
     if len(free) < count:
         pytest.fail("fewer than %d free 10.214.x.0/24 for test networks" % count)
