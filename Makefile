@@ -111,9 +111,12 @@ test-gpu-host: setup
 image: setup
 	@bash lab/image/build.sh
 
+# The lab's fact cache (lab/fact-cache.env): a re-run does not gather a guest's facts again.
+LAB_FACT_CACHE = $(shell grep -v '^\#' lab/fact-cache.env)
+
 lab: setup
 	@$(VENV)/bin/ansible-playbook playbooks/lab_image.yml -i inventories/lab
-	@$(VENV)/bin/ansible-playbook playbooks/site.yml -i inventories/lab
+	@$(LAB_FACT_CACHE) $(VENV)/bin/ansible-playbook playbooks/site.yml -i inventories/lab
 
 teardown: setup
 	@$(VENV)/bin/ansible-playbook playbooks/teardown.yml -i inventories/lab

@@ -28,10 +28,16 @@ BIN = ROOT / ".venv" / "bin"
 EXTRA = ["-e", "mlinfra_worker_count=2"]
 
 
+def lab_fact_cache() -> Dict[str, str]:
+    """The lab's fact cache settings, as make lab sets them (lab/fact-cache.env)."""
+    lines = (ROOT / "lab" / "fact-cache.env").read_text(encoding="utf-8").splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
 def playbook(name: str, log_dir: Path) -> Dict[str, Any]:
     """Run one playbook of the lab with the profile callback; its wall time and profile."""
     profile = log_dir / ("%s.profile.json" % name)
-    env = dict(os.environ, MLKVM_LAB_PROFILE=str(profile),
+    env = dict(os.environ, **lab_fact_cache(), MLKVM_LAB_PROFILE=str(profile),
                ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "bench" / "lab" / "callback_plugins"),
                ANSIBLE_CALLBACKS_ENABLED="lab_profile")
     cmd = [str(BIN / "ansible-playbook"), "-i", "inventories/lab", "playbooks/%s.yml" % name.split("-")[0]] + EXTRA

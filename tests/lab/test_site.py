@@ -56,10 +56,16 @@ TRAIN_PARAMS = {"epochs": 4, "lr": 0.003, "hidden": [64, 32], "dropout": 0.1, "b
 RANK_PROCESS = "-u code/train.py"  # torchrun starts each rank as `python -u code/train.py ...`
 
 
+def lab_fact_cache() -> Dict[str, str]:
+    """The lab's fact cache settings, as make lab sets them (lab/fact-cache.env)."""
+    lines = (Path(ROOT) / "lab" / "fact-cache.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
 def playbook(name: str, *extra: str, log: Path) -> subprocess.CompletedProcess:
     # ANSIBLE_LOG_PATH: the same output with a timestamp per line (<log>.timed.log), to see where
     # a slow run spent its time.
-    env = dict(os.environ, ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+    env = dict(os.environ, **lab_fact_cache(), ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                PATH="%s:%s" % (BIN, os.environ.get("PATH", "")),
                ANSIBLE_LOG_PATH=str(log.with_suffix(".timed.log")))
     with open(log, "w") as handle:
@@ -357,7 +363,7 @@ def train_runs_with(api: "MlflowApi", lr: float) -> List[Dict]:
 
 
 def start_playbook(log: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+    env = dict(os.environ, **lab_fact_cache(), ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                PATH="%s:%s" % (BIN, os.environ.get("PATH", "")))
     handle = open(log, "w")
     return subprocess.Popen([str(BIN / "ansible-playbook"), "-i", "inventories/lab", "playbooks/site.yml",
@@ -649,7 +655,7 @@ def guest_address(name: str) -> str:
 
 def ansible_on_guest(address: str, module: str, args: Dict, log: Path) -> subprocess.CompletedProcess:
     """One module on one guest, over the lab's SSH key and pinned host keys (as root)."""
-    env = dict(os.environ, ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+    env = dict(os.environ, **lab_fact_cache(), ANSIBLE_CONFIG=str(Path(ROOT) / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                PATH="%s:%s" % (BIN, os.environ.get("PATH", "")))
     argv = [str(BIN / "ansible"), "all", "-i", address + ",", "-u", "mlinfra", "-b",
             "--private-key", str(SECRETS / "id_ed25519"),
