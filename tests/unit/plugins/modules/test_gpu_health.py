@@ -3,23 +3,16 @@ XID 79 and XID 13, a nvidia-smi stand-in, and a worker without GPU."""
 from __future__ import annotations
 
 import stat
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SHARED
+from nvidia_fixtures import GPU_HEALTH as FIXTURES, gpu_xml
 
 pytestmark = pytest.mark.unit
 
-CAPTURE = Path(SHARED) / "fixtures" / "h200-passthrough-guest" / "nvidia-smi-q.xml"
-FIXTURES = Path(ROOT) / "tests" / "fixtures" / "gpu-health"
-
 
 def xml(name: str) -> str:
-    path = CAPTURE if name == "capture" else FIXTURES / name
-    if not path.is_file():
-        pytest.skip("fixture %s is missing" % path)
-    return str(path)
+    return str(gpu_xml(name))
 
 
 def judge(run_module, xml_name: str, log: str = "", check: bool = False) -> dict:

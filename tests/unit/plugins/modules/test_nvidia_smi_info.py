@@ -4,13 +4,12 @@ recorded H200 tables' stand-in (tests/fixtures/mig) in MIG mode."""
 from __future__ import annotations
 
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, SHARED
+from nvidia_fixtures import fake_smi_in_mig_mode
 
 FIXTURE = Path(SHARED) / "fixtures" / "h200-passthrough-guest" / "nvidia-smi-q.xml"
 MIG = Path(ROOT) / "tests" / "fixtures" / "mig"
@@ -145,10 +144,8 @@ def test_a_hanging_nvidia_smi_is_killed_and_named(run_module, tmp_path):
 def test_mig_devices_as_facts_with_their_profiles_and_files(run_module, tmp_path, monkeypatch):
     """Two MIG devices made by the stand-in's own -mig and -cgi; their capability files named by
     the driver's mig-minors table (tests/fixtures/mig/mig-minors), ready for slurm_config's files."""
-    monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", str(tmp_path / "state.json"))
-    for argv in (["-i", "0", "-mig", "1"], ["mig", "-i", "0", "-cgi", "9,19", "-C"]):
-        subprocess.run([sys.executable, str(MIG / "fake_nvidia_smi.py")] + argv, check=True, capture_output=True)
-    result = run_module("nvidia_smi_info", {"nvidia_smi": str(MIG / "fake_nvidia_smi.py"),
+    smi = fake_smi_in_mig_mode(tmp_path, monkeypatch, "9,19")
+    result = run_module("nvidia_smi_info", {"nvidia_smi": str(smi),
                                             "mig_minors_file": str(MIG / "mig-minors")}, check=True)
     assert not result["failed"], result
     devices = result["gpus"][0]["mig_devices"]

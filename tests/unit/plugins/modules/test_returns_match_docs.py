@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, module_env, run_module_process  # noqa: E402
+from nvidia_fixtures import fake_smi_in_mig_mode  # noqa: E402
 from sysfs_builder import gpu_host  # noqa: E402
 
 pytestmark = pytest.mark.unit
@@ -41,10 +42,8 @@ def test_nvidia_smi_info_gpus_and_mig_devices_return_only_documented_keys(tmp_pa
     # The recorded H200 stand-in (tests/fixtures/mig) in MIG mode with one 3g.71gb device: the keys
     # of each GPU and of each MIG device against RETURN's contains, both ways.
     fixtures = Path(ROOT) / "tests" / "fixtures" / "mig"
-    monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", str(tmp_path / "state.json"))
-    for argv in (["-i", "0", "-mig", "1"], ["mig", "-i", "0", "-cgi", "9", "-C"]):
-        subprocess.run([sys.executable, str(fixtures / "fake_nvidia_smi.py")] + argv, check=True, capture_output=True)
-    result = run_module_process("nvidia_smi_info", {"nvidia_smi": str(fixtures / "fake_nvidia_smi.py"),
+    smi = fake_smi_in_mig_mode(tmp_path, monkeypatch, "9")
+    result = run_module_process("nvidia_smi_info", {"nvidia_smi": str(smi),
                                                     "mig_minors_file": str(fixtures / "mig-minors")}, check=True)
     assert not result["failed"], result
     gpus = documented("nvidia_smi_info")["gpus"]["contains"]

@@ -3,25 +3,18 @@ and the XID table against NVIDIA's catalogue numbers."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._nvidia import _health
 
-from conftest import ROOT, SHARED
+from nvidia_fixtures import CAPTURE, GPU_HEALTH as FIXTURES, gpu_xml
 
 pytestmark = pytest.mark.unit
 
-CAPTURE = Path(SHARED) / "fixtures" / "h200-passthrough-guest" / "nvidia-smi-q.xml"
-FIXTURES = Path(ROOT) / "tests" / "fixtures" / "gpu-health"
-
 
 def reading(name: str) -> dict:
-    path = CAPTURE if name == "capture" else FIXTURES / name
-    if not path.is_file():
-        pytest.skip("fixture %s is missing" % path)
-    (only,) = _health.readings_from_xml_root(ET.fromstring(path.read_bytes()))
+    (only,) = _health.readings_from_xml_root(ET.fromstring(gpu_xml(name).read_bytes()))
     return only
 
 
