@@ -29,6 +29,7 @@ ALERTS = ["SlurmctldDown", "SlurmdbdDown", "SlurmNodeDown", "SlurmNodeDrained", 
 VARIABLES = {"monitoring_slurm_alerts_silenced", "monitoring_slurm_alert_daemon_down_for",
              "monitoring_slurm_alert_node_for", "monitoring_slurm_alert_pending_hours"}
 
+
 def defaults() -> Dict[str, Any]:
     return yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 

@@ -53,7 +53,6 @@ class Project(StageProcesses):
         return len(log.read_text().splitlines()) if log.exists() else 0
 
 
-
 @pytest.fixture
 def project(tmp_path: Path) -> Iterator[Project]:
     proj = Project(tmp_path / "stage")
