@@ -19,12 +19,13 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 import yaml
@@ -132,29 +133,43 @@ def site(env: Dict[str, Any], alertmanager: Alertmanager, tmp_path: Path) -> Dic
     path.write_text(yaml.safe_dump({"all": {
         "vars": {"ansible_python_interpreter": str(BIN / "python")},
         "children": {"hypervisors": {"hosts": hosts}}}}))
-    return dict(env, inventory=path, textfiles=textfiles, alertmanager=alertmanager, tmp=tmp_path)
+    return dict(env, inventory=path, textfiles=textfiles, alertmanager=alertmanager, tmp=tmp_path,
+                state_dir=tmp_path / "maintenance")
 
 
-def play(site: Dict[str, Any], evars: Dict[str, Any], check: bool = False, rc: int = 0) -> Dict[str, Any]:
-    """The playbook over hv2; the recap and every task result (-v prints each as JSON)."""
+def command(site: Dict[str, Any], evars: Dict[str, Any], check: bool = False) -> Tuple[List[str], Dict[str, str]]:
+    """ansible-playbook's argv over hv2 (updates and reboot off) and its environment."""
     evars = dict({"hypervisor_maintenance_updates": False, "hypervisor_maintenance_reboot": False,
                   "hypervisor_maintenance_alertmanager_url": site["alertmanager"].url,
-                  "hypervisor_maintenance_migration_timeout": 300}, **evars)
+                  "hypervisor_maintenance_migration_timeout": 300,
+                  "hypervisor_maintenance_state_dir": str(site["state_dir"])}, **evars)
     varfile = site["tmp"] / "vars.json"
     varfile.write_text(json.dumps(evars))
     environ = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_CALLBACK_FORMAT_PRETTY="0")
+    argv = [str(BIN / "ansible-playbook"), "-v", "-i", str(site["inventory"]), str(PLAYBOOK),
+            "--limit", "hv2", "-e", "@%s" % varfile] + (["--check"] if check else [])
+    return argv, environ
+
+
+def play(site: Dict[str, Any], evars: Dict[str, Any], check: bool = False, rc: int = 0) -> Dict[str, Any]:
+    """The playbook over hv2; the recap and every task result (-v prints each as JSON)."""
+    argv, environ = command(site, evars, check)
     began = time.monotonic()
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-v", "-i", str(site["inventory"]), str(PLAYBOOK),
-                           "--limit", "hv2", "-e", "@%s" % varfile] + (["--check"] if check else []),
-                          cwd=str(ROOT), env=environ, capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(argv, cwd=str(ROOT), env=environ, capture_output=True, text=True, timeout=900, check=False)
     print("playbook%s: %.1f s" % (" --check" if check else "", time.monotonic() - began))
     site["runs"] = site.get("runs", 0) + 1
     (site["tmp"] / ("play-%d.log" % site["runs"])).write_text(proc.stdout + proc.stderr)
     assert proc.returncode == rc, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return parse(proc.stdout, rc)
+
+
+def parse(stdout: str, rc: Optional[int] = 0) -> Dict[str, Any]:
+    """Every task's results (-v prints each as JSON) and the tasks that changed; the recap's failed
+    count is checked against ``rc`` unless it is None (a killed run has no recap)."""
     tasks: Dict[str, List[Dict[str, Any]]] = {}
     task = None
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("TASK ["):
             task = line[len("TASK ["):line.rindex("]")]
             tasks.setdefault(task, [])
@@ -162,10 +177,11 @@ def play(site: Dict[str, Any], evars: Dict[str, Any], check: bool = False, rc: i
         match = RESULT_LINE.match(line)
         if match and task:
             tasks[task].append(dict(json.loads(match.group(4)), _status=match.group(1), _item=match.group(3)))
-    recap = re.search(r"^hv2\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout, re.M)
-    assert recap and recap.group(4) == ("0" if rc == 0 else "1"), proc.stdout[-3000:]
+    if rc is not None:
+        recap = re.search(r"^hv2\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", stdout, re.M)
+        assert recap and recap.group(4) == ("0" if rc == 0 else "1"), stdout[-3000:]
     changed = sorted({t for t, results in tasks.items() if any(r["_status"] == "changed" for r in results)})
-    return {"tasks": tasks, "changed": changed, "stdout": proc.stdout}
+    return {"tasks": tasks, "changed": changed, "stdout": stdout}
 
 
 def results_of(run: Dict[str, Any], task_start: str) -> List[Dict[str, Any]]:
@@ -211,6 +227,7 @@ def test_empty_hypervisor_moves_nothing_and_reuses_an_active_silence(site):
     assert set(after) == before, "no second silence"
     assert after[left]["status"]["state"] == "expired"
     assert not any(list(p.iterdir()) for p in site["textfiles"].values()), "no marker left"
+    assert not site["state_dir"].exists(), "nothing left: no record written"
 
 
 def test_preflight_refuses_hv2_as_its_own_destination_before_anything(site):
@@ -248,6 +265,7 @@ def test_drains_hv2_onto_this_host_and_brings_everything_back(site):
         assert not lookup(second, gpu).isActive()
         assert all(lookup(host, name) is None for name in (live, stays, gpu)), "nothing left on this host"
         assert not prom.exists()
+        assert not (site["state_dir"] / "hv2.json").exists(), "no record left"
 
     # Check mode predicts the drain and moves nothing.
     predicted = play(site, evars, check=True)
@@ -284,6 +302,147 @@ def test_drains_hv2_onto_this_host_and_brings_everything_back(site):
     all_home()
     assert has_pattern(hv.path_here(str(path)))
     assert all(s["status"]["state"] == "expired" for s in am.silences_of("hv2"))
+
+
+KILL_TIMEOUT_S = 120.0
+POLL_S = 0.05
+
+
+def descendants(pid: int) -> Set[int]:
+    """Every process under ``pid``: ansible's workers call setsid() (they leave its process group)
+    and start the modules, so a kill of the group alone would leave a module running on."""
+    children: Dict[int, List[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: Set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kill_run(proc: subprocess.Popen) -> None:
+    """SIGKILL the run's process group and every process it started (a controller that dies)."""
+    if proc.poll() is not None:
+        return
+    # Freeze first, so that nothing forks between the listing and the kill: the group (the main
+    # process), then each process found under it, until a listing finds no new one.
+    os.killpg(proc.pid, signal.SIGSTOP)
+    below: Set[int] = set()
+    while True:
+        found = descendants(proc.pid) - below
+        if not found:
+            break
+        for pid in found:
+            signal_quietly(pid, signal.SIGSTOP)
+        below |= found
+    os.killpg(proc.pid, signal.SIGKILL)
+    for pid in below:
+        signal_quietly(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(Path("/proc/%d" % pid).exists() and "Z" not in stat_state(pid) for pid in below):
+        assert time.monotonic() < deadline, "processes of the killed run still alive: %s" % below
+        time.sleep(POLL_S)
+
+
+def signal_quietly(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:  # it ended by itself meanwhile
+        pass
+
+
+def stat_state(pid: int) -> str:
+    try:
+        stat = Path("/proc/%d/stat" % pid).read_text()
+    except OSError:
+        return "Z"
+    return stat[stat.rindex(")") + 2:].split()[0]
+
+
+def test_a_run_killed_after_the_drain_is_finished_by_the_next_run(site):
+    """A run killed after the drain (SIGKILL of ansible-playbook's process group and of what it
+    started) leaves the domain on ``this`` and the record naming it; a check run with the record
+    predicts the way back and leaves the record; the next run brings the domain back to hv2 (same
+    UUID), removes the record and the marker and expires the silence the killed run made; a check
+    run after that finds no record and has nothing to bring back."""
+    host, second, hv = site["host"], site["second"], site["hv2"]
+    prefix, am = site["prefix"], site["alertmanager"]
+    live = prefix + "live"
+    second.defineXML(domain_xml(live, [], site["network"])).create()
+    uuid = lookup(second, live).UUIDString()
+    evars: Dict[str, Any] = {}
+    before = {s["id"] for s in am.silences_of("hv2")}  # the Alertmanager is the module's: earlier tests' silences
+    record_file = site["state_dir"] / "hv2.json"
+    prom = site["textfiles"]["hv2"] / "mlinfra_hypervisor_maintenance.prom"
+
+    def away() -> bool:
+        there = lookup(host, live)
+        return record_file.exists() and there is not None and there.isActive() and lookup(second, live) is None
+
+    argv, environ = command(site, evars)
+    log = site["tmp"] / "killed.log"
+    began = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=str(ROOT), env=environ, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + KILL_TIMEOUT_S
+        while not away():
+            assert proc.poll() is None, "the run ended before it was killed: " + log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "no drain within %.0f s: %s" % (KILL_TIMEOUT_S, log.read_text()[-4000:])
+            time.sleep(POLL_S)
+        kill_run(proc)
+    finally:
+        kill_run(proc)
+    print("killed run: %.1f s" % (time.monotonic() - began))
+    killed = parse(log.read_text(), rc=None)
+    assert not any(r["_status"] in ("fatal", "failed") for results in killed["tasks"].values() for r in results)
+    assert lookup(second, live) is None and lookup(host, live).isActive(), "the domain is away"
+    record = json.loads(record_file.read_text())
+    assert record_file.stat().st_mode & 0o777 == 0o600
+    (entry,) = [d for d in record["domains"] if d["name"] == live]
+    assert entry["how"] == "live" and entry["destination_uri"] == hv.host_uri, record
+    (silence,) = [s for s in am.silences_of("hv2") if s["id"] not in before]
+    assert silence["id"] == record["silence_id"] and silence["status"]["state"] == "active", silence
+    assert prom.exists(), "the killed run's marker is still there"
+
+    # Check mode with the record there: predicts the way back, writes and removes nothing.
+    kept = record_file.read_bytes()
+    predicted = play(site, evars, check=True)
+    assert any("An earlier run's record %s was found" % record_file in r.get("msg", "")
+               for name, results in predicted["tasks"].items() if name.startswith("Report the earlier run's record")
+               for r in results), predicted["stdout"][-3000:]
+    (back,) = results_of(predicted, "Migrate the live-moved")
+    assert back["_item"] == live and back["_status"] == "changed" and back["mode"] == "live", back
+    assert record_file.read_bytes() == kept and lookup(second, live) is None
+
+    finished = play(site, evars)
+    (back,) = results_of(finished, "Migrate the live-moved")
+    assert back["_item"] == live and back["_status"] == "changed" and back["destination"] == hv.uri, back
+    assert lookup(second, live).isActive() and lookup(second, live).UUIDString() == uuid
+    assert lookup(host, live) is None
+    assert not record_file.exists() and not prom.exists()
+    assert [s["status"]["state"] for s in am.silences_of("hv2") if s["id"] not in before] == ["expired"]
+    assert all(s["status"]["state"] == "expired" for s in am.silences_of("hv2"))
+
+    # Nothing left to restore: no record read, nothing moved (check mode).
+    again = play(site, evars, check=True)
+    assert [r["_status"] for name, results in again["tasks"].items()
+            if name.startswith("Report the earlier run's record") for r in results] == ["skipping"]
+    (back,) = results_of(again, "Migrate the live-moved")
+    assert back["_status"] == "ok" and back["mode"] == "none", back
+    assert lookup(second, live).isActive() and lookup(host, live) is None and not record_file.exists()
 
 
 def marker(started: int) -> bytes:
