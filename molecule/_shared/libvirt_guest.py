@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "vm"))
 sys.path.insert(0, str(ROOT / "collections"))
 import harness  # noqa: E402
+import guest_cli  # noqa: E402  (molecule/_shared/, this script's directory)
 import host_keys  # noqa: E402  (molecule/_shared/, this script's directory)
 
 PREFIX = "mlkvmmol-"  # not mlkvmtest-: other pytest sessions sweep those at their end
@@ -139,20 +140,16 @@ def destroy(ns: argparse.Namespace) -> None:
     state_file.unlink()
 
 
+def create_options(create: argparse.ArgumentParser) -> None:
+    create.add_argument("--nat", action="store_true")
+    create.add_argument("--memory", type=int, default=2048)
+    create.add_argument("--vcpus", type=int, default=2)
+    create.add_argument("--disk-gib", type=int, default=8)
+    create.add_argument("--timeout", type=float, default=harness.BOOT_TIMEOUT)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("create")
-    c.add_argument("--state", required=True)
-    c.add_argument("--name", required=True)
-    c.add_argument("--nat", action="store_true")
-    c.add_argument("--memory", type=int, default=2048)
-    c.add_argument("--vcpus", type=int, default=2)
-    c.add_argument("--disk-gib", type=int, default=8)
-    c.add_argument("--timeout", type=float, default=harness.BOOT_TIMEOUT)
-    d = sub.add_parser("destroy")
-    d.add_argument("--state", required=True)
-    ns = parser.parse_args()
+    ns = guest_cli.parse_args(__doc__.splitlines()[0], create_options)
     subprocess.run([str(ROOT / "scripts" / "ensure-libvirtd.sh")], check=True, stdout=subprocess.DEVNULL)
     create(ns) if ns.cmd == "create" else destroy(ns)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "vm"))
 import harness  # noqa: E402
+import guest_cli  # noqa: E402  (molecule/_shared/, this script's directory)
 import host_keys  # noqa: E402  (molecule/_shared/, this script's directory)
 
 PREFIX = "mlkvmmol-"
@@ -134,14 +135,7 @@ def destroy(ns: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("create")
-    c.add_argument("--state", required=True)
-    c.add_argument("--name", required=True)
-    d = sub.add_parser("destroy")
-    d.add_argument("--state", required=True)
-    ns = parser.parse_args()
+    ns = guest_cli.parse_args(__doc__.splitlines()[0])
     create(ns) if ns.cmd == "create" else destroy(ns)
 
 
