@@ -20,16 +20,17 @@ requirements:
   - libvirt-python
   - lxml
 notes:
-  - Supports check mode and diff mode. Check mode takes the same decisions as a real run and
-    reports them; only the side effects are skipped.
   - libvirt errors are reported with libvirt's error code and message in C(libvirt_code) and
     C(libvirt_message).
 '''
 
-    # Modules that change one named libvirt object (and each item of the list modules).
+    # Modules that change one named libvirt object (and each item of the list modules): every
+    # libvirt module that changes something (the info modules only read, and have no diff).
     HOST_LOCK = r'''
 options: {}
 notes:
+  - Supports check mode and diff mode. Check mode takes the same decisions as a real run and
+    reports them; only the side effects are skipped.
   - With a local URI, a run holds an exclusive lock file for each object while it reads, compares
     and changes it (C(/run/mlinfra/KIND@NAME.lock), or under C(/tmp/mlinfra-UID) where
     C(/run/mlinfra) is not writable; a snapshot takes its domain's lock). Two plays against one
