@@ -46,6 +46,7 @@ TESTED_THROUGH = {
     "module_utils/_ml/_stage_metrics.py": "tests/unit/plugins/modules/test_ml_stage_metrics.py",
     "module_utils/_ml/_stage_mps.py": "tests/unit/plugins/modules/test_ml_stage_mps_options.py",
     "module_utils/_ml/_stage_proc.py": ML_STAGE,
+    "module_utils/_ml/_stage_reasons.py": ML_STAGE,
     "module_utils/_ml/_stage_runner.py": ML_STAGE,
     "module_utils/_ml/_stage_sign.py": "tests/unit/plugins/modules/test_ml_stage_reuse_trust.py",
     "module_utils/_ml/_stage_tree.py": "tests/unit/plugins/modules/test_ml_stage_leftovers.py",
