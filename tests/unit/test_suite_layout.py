@@ -43,6 +43,7 @@ TESTED_THROUGH = {
     "module_utils/_libvirt/_libvirt_guards.py": "tests/integration/test_network.py",
     "module_utils/_libvirt/_uri.py": "tests/integration/test_network.py",
     "module_utils/_ml/_stage_code.py": ML_STAGE,
+    "module_utils/_ml/_stage_fingerprint.py": ML_STAGE,
     "module_utils/_ml/_stage_metrics.py": "tests/unit/plugins/modules/test_ml_stage_metrics.py",
     "module_utils/_ml/_stage_mps.py": "tests/unit/plugins/modules/test_ml_stage_mps_options.py",
     "module_utils/_ml/_stage_proc.py": ML_STAGE,

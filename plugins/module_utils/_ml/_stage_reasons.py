@@ -18,6 +18,7 @@ from ._stage_hash import Hasher, IgnoreMatcher
 from ._stage_lock import canonical_json
 from ._stage_spec import StageSpec, flatten
 
+
 def _short(value: Any, limit: int = 80) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return text if len(text) <= limit else text[:limit - 3] + "..."

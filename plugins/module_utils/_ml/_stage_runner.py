@@ -16,8 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import stat
 import subprocess
 import sys
 import time
@@ -26,15 +24,15 @@ from typing import Any, Dict, List, Optional, Tuple
 from .._core._atomic_file import write_bytes_atomic
 from .._core._errors import InvalidInputError, KvmError
 from .._core._runner import ObjectRunner
-from ._stage_hash import (Hasher, IgnoreMatcher, SpecialFileError, StatCache, choose_algorithm,
-                          hash_bytes, is_glob, public, special_kind)
-from ._stage_lock import LOCK_FORMAT, FileLock, StageBusyError, StageFiles, open_private, remove_path
+from ._stage_fingerprint import StageFingerprint, base_env
+from ._stage_hash import Hasher, StatCache, choose_algorithm, special_kind
+from ._stage_lock import FileLock, StageBusyError, StageFiles, open_private, remove_path
 from ._stage_proc import (TOKEN_VAR, RunRecord, describe, still_running, stop_group, supervised_argv,
                           wait_for_exit)
 from ._stage_reasons import inputs_digest, lock_summary, run_reasons, stage_key, summary_line
 from ._stage_tree import (describe_listing, left_behind, listing, new_run_token, processes_of_stage,
                           stage_id, stop_run, wait_gone)
-from ._stage_spec import StageSpec, special_input
+from ._stage_spec import StageSpec
 
 # Seconds the command gets between SIGTERM and SIGKILL when it is stopped (timeout, a
 # signal to ml_stage, ml_stage's death).
@@ -278,91 +276,6 @@ class StageRunner(ObjectRunner):
                       "unaffected" % (metrics.path, type(exc).__name__, exc))
             return None
 
-    # -- fingerprint --------------------------------------------------------------------
-    def _base_env(self) -> Dict[str, str]:
-        env = dict(os.environ)
-        env.update(self.spec.env)
-        env.update(self.spec.secret_env)
-        return env
-
-    def _code(self, hasher: Hasher) -> Dict[str, Any]:
-        spec = self.spec
-        code: Dict[str, Any] = {}
-        if spec.code_git or spec.code_python:
-            from ._stage_code import git_fingerprint, python_fingerprint, resolve_interpreter
-        if spec.code_paths:
-            code["paths"] = {p: self._entry(hasher, "code.paths", p, IgnoreMatcher(spec.ignore))
-                             for p in spec.code_paths}
-        if spec.code_git:
-            exclude = [spec.state_dir] + [spec.abspath(o) for o in spec.outs]
-            exclude += [spec.abspath(d.path) for d in spec.deps if not is_glob(d.path)]
-            if spec.params_file:
-                exclude.append(spec.abspath(spec.params_file))
-            algo = hasher.algo
-
-            def hash_files(paths: List[str]) -> str:
-                items = []
-                for path in paths:
-                    try:
-                        st = os.stat(path)
-                    except OSError:
-                        continue
-                    if stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened (it could hang)
-                        items.append((path, st))
-                digests = hasher.cache.file_hashes(items)
-                lines = ["%s\0%s\n" % (os.path.relpath(p, spec.code_git), d)
-                         for (p, _st), d in zip(items, digests)]
-                return hash_bytes(algo, "".join(lines).encode("utf-8", "surrogateescape"))
-
-            code["git"] = git_fingerprint(spec.code_git, exclude,
-                                          lambda data: hash_bytes(algo, data), hash_files)
-        if spec.code_python:
-            env = self._base_env()
-            interp = resolve_interpreter(spec.code_python, spec.cmd, env.get("PATH"), spec.chdir,
-                                         sys.executable)
-            code["python"] = python_fingerprint(interp, env, spec.chdir)
-        return code
-
-    def _entry(self, hasher: Hasher, option: str, path: str, ignore: IgnoreMatcher) -> Dict[str, Any]:
-        try:
-            entry = hasher.path(path, self.spec.chdir, ignore, refuse_special=True)
-        except SpecialFileError as exc:
-            raise special_input(option, path, self.spec.abspath(path), exc.path, exc.kind)
-        except OSError as exc:
-            raise InvalidInputError(option, path, "cannot be read (%s)" % exc,
-                                    "fix its permissions for the user the task runs as")
-        if entry["kind"] == "missing":
-            raise InvalidInputError(option, path, "does not exist any more",
-                                    "fix the path or produce it first")
-        return public(entry)
-
-    def _fingerprint(self, hasher: Hasher) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
-        """(inputs, git info kept out of the key, outs as they are now)."""
-        spec = self.spec
-        deps = {d.path: self._entry(hasher, "deps", d.path, IgnoreMatcher(d.ignore)) for d in spec.deps}
-        code = self._code(hasher)
-        git_info = {}
-        if "git" in code:
-            git_info = {"commit": code["git"].pop("commit")}
-        inputs = {
-            "algorithm": hasher.algo,
-            "cmd": spec.cmd,
-            "env": spec.env,
-            "params": spec.params,
-            "params_file": spec.params_file,
-            "salt": spec.salt,
-            "deps": deps,
-            "outs": sorted(spec.outs),
-            "code": code,
-        }
-        try:
-            outs = {o: public(hasher.path(o, spec.chdir)) for o in spec.outs}
-        except SpecialFileError as exc:
-            raise InvalidInputError("outs", os.path.relpath(exc.path, spec.chdir), "is a %s" % exc.kind,
-                                    "declare the regular files or directories the command writes; "
-                                    "remove the %s or fix the outs option" % exc.kind)
-        return inputs, git_info, outs
-
     # -- the stage ------------------------------------------------------------------------
     def _stage(self) -> Dict[str, Any]:
         spec = self.spec
@@ -376,10 +289,10 @@ class StageRunner(ObjectRunner):
             raise InvalidInputError("hash_algorithm", spec.hash_algorithm, str(exc),
                                     "install the package on the target host, or use auto")
         cache = StatCache(self.files.statcache, algo)
-        hasher = Hasher(cache)
-        inputs, git_info, outs_now = self._fingerprint(hasher)
+        fingerprint = StageFingerprint(spec, Hasher(cache))
+        inputs, git_info, outs_now = fingerprint.read()
         key = stage_key(inputs)
-        reasons = run_reasons(self.files, spec, lock, problem, inputs, git_info, outs_now, hasher)
+        reasons = run_reasons(self.files, spec, lock, problem, inputs, git_info, outs_now, fingerprint.hasher)
         previous_key = (lock or {}).get("key")
         result: Dict[str, Any] = {
             "changed": False, "ran": False, "would_run": bool(reasons), "reasons": reasons,
@@ -416,24 +329,24 @@ class StageRunner(ObjectRunner):
             from ._stage_track import StageTracker  # only for a stage that is about to run
             tracker = StageTracker(spec, self.files, self.check, self.warn)
             tracker.connect()
-        reuse = tracker.find_reuse(key, hasher.algo) if tracker else None
+        reuse = tracker.find_reuse(key, algo) if tracker else None
         # Check mode stops before the run: what the command (or a fetch of the reused outputs)
         # would produce cannot be predicted, and every step from here on needs it.
         if self.check:
             if reuse:
                 result["reuse_from"] = reuse.run_id
             return result
-        manifest = self._input_manifests(inputs, hasher)  # as the inputs are now, before the run
+        manifest = fingerprint.input_manifests(inputs)  # as the inputs are now, before the run
         if reuse and self.tracker.act("fetch the outs of MLflow run %s" % reuse.run_id, tracker.fetch, reuse):
-            lock_doc, manifest = self._lock_doc(key, inputs, git_info, hasher, manifest, None, {},
-                                                reused_from=reuse.run_id)
+            lock_doc, manifest = fingerprint.lock_doc(key, inputs, git_info, manifest, None, {},
+                                                      reused_from=reuse.run_id)
             self._write_lock(lock_doc, manifest, cache)
             result.update(outs=lock_doc["outs"], reused_from=reuse.run_id)
             result["reasons"] = reasons + ["reused the outputs of MLflow run %s (same key, %s)"
                                            % (reuse.run_id, tracker.trust())]
             return result
         return self._execute(result, tracker, key, previous_key, inputs, git_info,
-                             hasher, manifest, reasons)
+                             fingerprint, manifest, reasons)
 
     def _check_mps(self, result: Dict[str, Any]) -> None:
         """A due stage under MPS needs its daemon. A real run fails without it; check mode
@@ -454,10 +367,10 @@ class StageRunner(ObjectRunner):
     # -- running ------------------------------------------------------------------------
     def _execute(self, result: Dict[str, Any], tracker: Any, key: str,
                  previous_key: Optional[str], inputs: Dict[str, Any], git_info: Dict[str, Any],
-                 hasher: Hasher, manifest: Dict[str, Any], reasons: List[str]) -> Dict[str, Any]:
+                 fingerprint: StageFingerprint, manifest: Dict[str, Any], reasons: List[str]) -> Dict[str, Any]:
         """Run the command and, when it succeeded, write the lock: environment, workspace, the
         command, its verdict, then the record of the run."""
-        env = self._command_env(result, tracker, key, previous_key, git_info, hasher, reasons)
+        env = self._command_env(result, tracker, key, previous_key, git_info, fingerprint.hasher.algo, reasons)
         self._prepare_workspace()
         rc, timed_out, cmd_started, duration = self._run_command(env, tracker, result)
         failure = self._failure(rc, timed_out)
@@ -469,15 +382,15 @@ class StageRunner(ObjectRunner):
                 failure = "metrics_file %s is not a JSON (or YAML) document: %s" % (self.spec.metrics_file, exc)
         if failure is not None:
             self._fail(result, tracker, failure)
-        return self._record_success(result, tracker, key, inputs, git_info, hasher, manifest, metrics,
+        return self._record_success(result, tracker, key, inputs, git_info, fingerprint, manifest, metrics,
                                     cmd_started, duration)
 
     def _command_env(self, result: Dict[str, Any], tracker: Any, key: str, previous_key: Optional[str],
-                     git_info: Dict[str, Any], hasher: Hasher, reasons: List[str]) -> Dict[str, str]:
+                     git_info: Dict[str, Any], algo: str, reasons: List[str]) -> Dict[str, str]:
         """The command's environment: the module's, the stage's, MPS, the stage's identity and,
         when tracked, the MLflow run it logs to (started here)."""
         spec = self.spec
-        env = self._base_env()
+        env = base_env(spec)
         env.update(spec.runtime_env)
         if spec.mps:
             spec.mps.apply(env)
@@ -487,7 +400,7 @@ class StageRunner(ObjectRunner):
         if tracker:
             from ._stage_track import TELEMETRY_OFF, apply_tls_env
             env.update(self.tracker.act("start an MLflow run", tracker.start, key, previous_key, reasons,
-                                        hasher.algo, git_info.get("commit")))
+                                        algo, git_info.get("commit")))
             for name, value in TELEMETRY_OFF.items():  # the stage's env (or the module's) may say otherwise
                 env.setdefault(name, value)
             if tracker.run_id:  # an untracked command gets no MLflow URI, so no TLS settings either
@@ -606,13 +519,13 @@ class StageRunner(ObjectRunner):
                           changed=True, ran=True, lock_file=self.files.lock, **details)
 
     def _record_success(self, result: Dict[str, Any], tracker: Any, key: str, inputs: Dict[str, Any],
-                        git_info: Dict[str, Any], hasher: Hasher, manifest: Dict[str, Any],
+                        git_info: Dict[str, Any], fingerprint: StageFingerprint, manifest: Dict[str, Any],
                         metrics: Dict[str, float], cmd_started: float, duration: float) -> Dict[str, Any]:
         """The lock and manifest written, the hash cache saved, the MLflow run ended FINISHED."""
         # The run the command logged to, as _run_command recorded it (None when untracked).
-        lock_doc, manifest = self._lock_doc(key, inputs, git_info, hasher, manifest, self._run_mlflow,
-                                            metrics, cmd_started=cmd_started, duration=duration)
-        self._write_lock(lock_doc, manifest, hasher.cache)
+        lock_doc, manifest = fingerprint.lock_doc(key, inputs, git_info, manifest, self._run_mlflow,
+                                                  metrics, cmd_started=cmd_started, duration=duration)
+        self._write_lock(lock_doc, manifest, fingerprint.hasher.cache)
         result.update(outs=lock_doc["outs"], metrics=metrics)
         try:
             self._end_mlflow_run(tracker, "FINISHED", lock_doc, None, metrics)
@@ -698,48 +611,6 @@ class StageRunner(ObjectRunner):
                     "next run waits for them or refuses)" % describe(left))
         return StageInterrupted(msg, changed=True, ran=True, interrupted_by=name,
                                 still_running=left, lock_file=self.files.lock)
-
-    def _input_manifests(self, inputs: Dict[str, Any], hasher: Hasher) -> Dict[str, Dict[str, Any]]:
-        """Per-file hashes of the tree deps and code paths (for the reasons of the next run)."""
-        spec = self.spec
-        manifest: Dict[str, Dict[str, Any]] = {"deps": {}, "outs": {}, "code": {}}
-        for dep in spec.deps:
-            if inputs["deps"][dep.path]["kind"] in ("dir", "glob"):
-                manifest["deps"][dep.path] = hasher.manifest(dep.path, spec.chdir, IgnoreMatcher(dep.ignore))
-        for path in spec.code_paths:
-            if inputs["code"]["paths"][path]["kind"] in ("dir", "glob"):
-                manifest["code"][path] = hasher.manifest(path, spec.chdir, IgnoreMatcher(spec.ignore))
-        return manifest
-
-    def _lock_doc(self, key: str, inputs: Dict[str, Any], git_info: Dict[str, Any], hasher: Hasher,
-                  manifest: Dict[str, Dict[str, Any]], mlflow: Optional[Dict[str, Any]],
-                  metrics: Dict[str, float], reused_from: Optional[str] = None,
-                  cmd_started: Optional[float] = None,
-                  duration: Optional[float] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """The lock of a successful run, and its manifest with the outs hashed as they are now."""
-        spec = self.spec
-        manifest = dict(manifest, outs={})
-        outs = {}
-        for out in spec.outs:
-            entry = hasher.path(out, spec.chdir, want_manifest=True)
-            outs[out] = public(entry)
-            if "manifest" in entry:
-                manifest["outs"][out] = entry["manifest"]
-        run = {"host": socket.gethostname(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "duration": duration, "mlflow": mlflow, "reused_from": reused_from}
-        if cmd_started is not None:
-            run["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(cmd_started))
-        if git_info.get("commit"):
-            run["git_commit"] = git_info["commit"]
-        if spec.mps and reused_from is None:  # how the run shared the GPU; not in the key
-            run["mps"] = {k: v for k, v in spec.mps.summary().items() if k != "env"}
-        if spec.runtime_env and reused_from is None:  # where it ran; not in the key
-            run["runtime_env"] = dict(spec.runtime_env)
-        if spec.launcher and reused_from is None:  # how it was started (srun); not in the key
-            run["launcher"] = list(spec.launcher)
-        doc = {"format": LOCK_FORMAT, "stage": spec.name, "key": key, "inputs": inputs,
-               "outs": outs, "metrics": metrics, "run": run}
-        return doc, manifest
 
 
 def _read_metrics(path: str) -> Dict[str, float]:
