@@ -696,13 +696,13 @@ metrics_textfile:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
-from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_runner import run_ml_stage
+from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_runner import StageRunner
 from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_spec import ARGUMENT_SPEC
 
 
 def main() -> None:
     module = new_module(AnsibleModule, argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    run(module, lambda: run_ml_stage(module))
+    run(module, lambda: StageRunner(module).run())
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import socket
 import time
 from typing import Any, Dict, Optional, Tuple
@@ -57,6 +58,15 @@ def open_private(path: str) -> Any:
     except OSError:  # not the owner: the mode stays, the write goes on
         pass
     return os.fdopen(fd, "wb")
+
+
+def remove_path(path: str) -> None:
+    """A file, link or directory tree removed (a link is removed, not followed); nothing there
+    is nothing to do."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
 
 
 class StageFiles:

@@ -200,6 +200,11 @@ class MlflowClient:
     def end_run(self, run_id: str, status: str) -> None:
         self.call("POST", "runs/update", {"run_id": run_id, "status": status, "end_time": _now_ms()})
 
+    def fail_run(self, run_id: str, status: str, failure: str) -> None:
+        """Tag the run with why it failed (``mlinfra.stage.failure``), then end it."""
+        self.set_tags(run_id, {"mlinfra.stage.failure": failure})
+        self.end_run(run_id, status)
+
     def get_run(self, run_id: str) -> Dict[str, Any]:
         return self.call("GET", "runs/get", query={"run_id": run_id})["run"]
 

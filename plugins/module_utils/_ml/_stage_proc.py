@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
 import time
 from typing import Any, Dict, List, Optional
 
@@ -159,3 +161,34 @@ def wait_for_exit(token: str, timeout: float, poll: float = 0.5) -> List[int]:
         if not pids or time.monotonic() >= deadline:
             return pids
         time.sleep(min(poll, max(0.01, deadline - time.monotonic())))
+
+
+def stop_group(proc: "subprocess.Popen[bytes]", grace: float) -> int:
+    """SIGTERM to the command's process group, SIGKILL after the grace; its status."""
+    for sig, wait in ((signal.SIGTERM, grace + 5), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+        except OSError:
+            pass
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return -signal.SIGKILL
+
+
+# How long the members of a stopped command's process group may take to finish dying: the
+# supervisor can exit while a grandchild killed with the group is still being torn down, and
+# such a process is not one that "still runs" (a loaded host, seen in a rehearsal).
+GROUP_EXIT_WAIT = 5.0
+
+
+def still_running(token: str) -> List[int]:
+    """The run's processes left after its group was stopped: waits up to GROUP_EXIT_WAIT for
+    the group's dying members, so only a process that escaped the group is reported."""
+    deadline = time.monotonic() + GROUP_EXIT_WAIT
+    left = processes_with_token(token)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = processes_with_token(token)
+    return left

@@ -4,35 +4,35 @@
 """ml_stage's decision and run: fingerprint the inputs, compare with the lock, say why,
 run the command (linked to an MLflow run), and record the success atomically.
 
-Check mode takes the same decision from the same reads and stops before the first write;
-MLflow is only read then (reachability, the reuse search).
+The runner every module shares (ObjectRunner): each side effect goes through
+``self.tracker.act``, so check mode takes the same decision from the same reads and skips
+the writes in one place; MLflow is only read then (reachability, the reuse search). Where
+check mode must decide otherwise (it does not wait for processes, it stops before the
+command), the branch says why. The judgement itself (key, reasons) is _stage_reasons'.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shlex
 import shutil
 import signal
-import socket
-import stat
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .._core._atomic_file import write_bytes_atomic
 from .._core._errors import InvalidInputError, KvmError
-from ._stage_hash import (Hasher, IgnoreMatcher, SpecialFileError, StatCache, choose_algorithm,
-                          hash_bytes, is_glob, public, special_kind)
-from ._stage_lock import (LOCK_FORMAT, FileLock, StageBusyError, StageFiles, canonical_json,
-                          open_private)
-from ._stage_proc import (TOKEN_VAR, RunRecord, describe, processes_with_token, supervised_argv,
+from .._core._runner import ObjectRunner
+from ._stage_fingerprint import StageFingerprint, base_env
+from ._stage_hash import Hasher, StatCache, choose_algorithm, special_kind
+from ._stage_lock import FileLock, StageBusyError, StageFiles, open_private, remove_path
+from ._stage_proc import (TOKEN_VAR, RunRecord, describe, still_running, stop_group, supervised_argv,
                           wait_for_exit)
+from ._stage_reasons import inputs_digest, lock_summary, run_reasons, stage_key, summary_line
 from ._stage_tree import (describe_listing, left_behind, listing, new_run_token, processes_of_stage,
                           stage_id, stop_run, wait_gone)
-from ._stage_spec import StageSpec, flatten, special_input
+from ._stage_spec import StageSpec
 
 # Seconds the command gets between SIGTERM and SIGKILL when it is stopped (timeout, a
 # signal to ml_stage, ml_stage's death).
@@ -61,45 +61,6 @@ class _Signalled(BaseException):
         self.signum = signum
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _dict_reasons(what: str, old: Dict[str, Any], new: Dict[str, Any],
-                  show: Callable[[Any], str] = _short) -> List[str]:
-    out = []
-    for key in sorted(set(old) | set(new)):
-        if key not in old:
-            out.append("%s %s added (%s)" % (what, key, show(new[key])))
-        elif key not in new:
-            out.append("%s %s removed (was %s)" % (what, key, show(old[key])))
-        elif old[key] != new[key]:
-            out.append("%s %s %s -> %s" % (what, key, show(old[key]), show(new[key])))
-    return out
-
-
-def _tree_change(old: Dict[str, str], new: Dict[str, str]) -> str:
-    modified = sorted(k for k in new if k in old and old[k] != new[k])
-    added = sorted(k for k in new if k not in old)
-    removed = sorted(k for k in old if k not in new)
-    parts = []
-    for count, label in ((modified, "modified"), (added, "added"), (removed, "removed")):
-        if count:
-            parts.append("%d %s" % (len(count), label))
-    examples = (modified + added + removed)[:3]
-    more = len(modified) + len(added) + len(removed) - len(examples)
-    text = ", ".join(parts) or "changed"
-    if examples:
-        text += " (%s%s)" % (", ".join(examples), ", ..." if more > 0 else "")
-    return text
-
-
-def _shown(path: str, kind: str) -> str:
-    """Directories are shown with a trailing slash, as people write them."""
-    return path + "/" if kind == "dir" and not path.endswith("/") else path
-
-
 def _tail(path: str, lines: int) -> str:
     try:
         with open(path, "rb") as f:
@@ -113,142 +74,15 @@ def _tail(path: str, lines: int) -> str:
     return "\n".join(text[-lines:]) if lines else ""
 
 
-class RunReasons:
-    """Why a stage runs again: every difference between its lock and the inputs now, in a fixed
-    order (what the task asks for, then what the stage reads, then its outputs as they are)."""
-
-    def __init__(self, files: Any, spec: StageSpec, lock: Dict[str, Any], inputs: Dict[str, Any],
-                 hasher: Hasher) -> None:
-        self.files, self.spec, self.lock, self.inputs, self.hasher = files, spec, lock, inputs, hasher
-        self.old = lock["inputs"]
-        self.same_algo = self.old.get("algorithm") == inputs["algorithm"]
-        self.reasons: List[str] = []
-        self._manifest: Optional[Dict[str, Any]] = None
-
-    def find(self, reasons: List[str], git_info: Dict[str, Any], outs: Dict[str, Any]) -> List[str]:
-        self.reasons = reasons
-        self.settings()
-        self.compare("deps", "dep", self.old.get("deps") or {}, self.inputs["deps"],
-                     {d.path: IgnoreMatcher(d.ignore) for d in self.spec.deps})
-        self.declared_outs()
-        old_code, new_code = self.old.get("code") or {}, self.inputs["code"]
-        self.compare("code", "code", old_code.get("paths") or {}, new_code.get("paths") or {},
-                     {p: IgnoreMatcher(self.spec.ignore) for p in self.spec.code_paths})
-        self.git(old_code.get("git"), new_code.get("git"), git_info)
-        self.python(old_code.get("python"), new_code.get("python"))
-        self.outs_now(outs)
-        if not self.reasons and self.lock.get("key") != _key(self.inputs):
-            self.reasons.append("cache key changed (lock written by another version of ml_stage)")
-        return self.reasons
-
-    def settings(self) -> None:
-        """The hash algorithm, the command, params, params file, env and salt."""
-        old, inputs, reasons = self.old, self.inputs, self.reasons
-        if not self.same_algo:
-            reasons.append("hash algorithm %s -> %s (content hashes are not comparable)"
-                           % (old.get("algorithm"), inputs["algorithm"]))
-        if old.get("cmd") != inputs["cmd"]:
-            reasons.append("cmd %s -> %s" % (shlex.join(old.get("cmd") or []), shlex.join(inputs["cmd"])))
-        reasons += _dict_reasons("param", dict(flatten(old.get("params") or {})),
-                                 dict(flatten(inputs["params"])))
-        if old.get("params_file") != inputs["params_file"]:
-            reasons.append("params_file %s -> %s" % (old.get("params_file"), inputs["params_file"]))
-        reasons += _dict_reasons("env", old.get("env") or {}, inputs["env"])
-        if old.get("salt") != inputs["salt"]:
-            reasons.append("salt %r -> %r" % (old.get("salt"), inputs["salt"]))
-
-    def old_manifest(self, section: str, path: str) -> Optional[Dict[str, str]]:
-        """A directory's file list as the lock's run recorded it (read once, when first needed)."""
-        if self._manifest is None:
-            self._manifest = self.files.read_manifest(self.lock)
-        return (self._manifest.get(section) or {}).get(path)
-
-    def compare(self, section: str, label: str, old_entries: Dict[str, Any],
-                new_entries: Dict[str, Any], ignores: Dict[str, IgnoreMatcher]) -> None:
-        reasons = self.reasons
-        for path in sorted(set(old_entries) - set(new_entries)):
-            reasons.append("%s %s removed from %s" % (label, path, section))
-        for path in sorted(set(new_entries) - set(old_entries)):
-            reasons.append("%s %s added to %s" % (label, path, section))
-        if not self.same_algo:
-            return
-        for path in sorted(set(old_entries) & set(new_entries)):
-            before, now = old_entries[path], new_entries[path]
-            if before.get("hash") == now.get("hash"):
-                continue
-            if now["kind"] == "missing":
-                reasons.append("%s %s missing" % (label, path))
-            elif before.get("kind") != now["kind"]:
-                reasons.append("%s %s is now a %s (was a %s)" % (label, path, now["kind"], before.get("kind")))
-            elif now["kind"] == "file":
-                reasons.append("%s %s modified" % (label, path))
-            else:
-                prev = self.old_manifest(section, path)
-                shown = _shown(path, now["kind"])
-                if prev is None:
-                    reasons.append("%s %s changed (%d files)" % (label, shown, now["files"]))
-                else:
-                    cur = self.hasher.manifest(path, self.spec.chdir, ignores.get(path, IgnoreMatcher(())))
-                    reasons.append("%s %s: %s" % (label, shown, _tree_change(prev, cur)))
-
-    def declared_outs(self) -> None:
-        old_outs, new_outs = set(self.old.get("outs") or []), set(self.inputs["outs"])
-        for path in sorted(old_outs - new_outs):
-            self.reasons.append("out %s removed from outs" % path)
-        for path in sorted(new_outs - old_outs):
-            self.reasons.append("out %s added to outs" % path)
-
-    def git(self, og: Optional[Dict[str, Any]], ng: Optional[Dict[str, Any]], git_info: Dict[str, Any]) -> None:
-        if bool(og) != bool(ng):
-            self.reasons.append("code.git %s" % ("added" if ng else "removed"))
-        elif og and ng:
-            if og.get("tree") != ng.get("tree"):
-                self.reasons.append("git tree of %s changed (commit %s -> %s)" % (
-                    self.spec.code_git, ((self.lock.get("run") or {}).get("git_commit") or "?")[:10],
-                    git_info.get("commit", "?")[:10]))
-            if og.get("diff") != ng.get("diff"):
-                self.reasons.append("git: uncommitted changes to tracked files differ")
-            if og.get("untracked") != ng.get("untracked"):
-                self.reasons.append("git: untracked files differ (%d now)" % ng.get("untracked_files", 0))
-
-    def python(self, op: Optional[Dict[str, Any]], np_: Optional[Dict[str, Any]]) -> None:
-        if bool(op) != bool(np_):
-            self.reasons.append("code.python %s" % ("added" if np_ else "removed"))
-        elif op and np_:
-            if op.get("python") != np_.get("python") or op.get("implementation") != np_.get("implementation"):
-                self.reasons.append("python %s %s -> %s %s" % (op.get("implementation"), op.get("python"),
-                                                               np_.get("implementation"), np_.get("python")))
-            self.reasons += _dict_reasons("python package", op.get("dists") or {}, np_.get("dists") or {},
-                                          show=str)
-
-    def outs_now(self, outs: Dict[str, Any]) -> None:
-        """The outputs as they are now against the outputs the lock recorded."""
-        if not self.same_algo:
-            return
-        recorded = self.lock.get("outs") or {}
-        for path in sorted(set(recorded) & set(outs)):
-            before, now = recorded[path], outs[path]
-            if now["kind"] == "missing":
-                self.reasons.append("out %s missing" % path)
-            elif before.get("hash") != now.get("hash"):
-                if now["kind"] == "dir" and before.get("kind") == "dir":
-                    prev = self.old_manifest("outs", path)
-                    if prev is not None:
-                        cur = self.hasher.manifest(path, self.spec.chdir)
-                        self.reasons.append("out %s changed since the last run: %s"
-                                            % (_shown(path, "dir"), _tree_change(prev, cur)))
-                        continue
-                self.reasons.append("out %s changed since the last run" % path)
-
-
-class StageRunner:
-    def __init__(self, spec: StageSpec, check_mode: bool, diff_mode: bool,
-                 warn: Callable[[str], None]) -> None:
+class StageRunner(ObjectRunner):
+    def __init__(self, module: Any) -> None:
+        spec = StageSpec(module.params)  # the options checked and completed, once
+        files = StageFiles(spec.state_dir, spec.name)
+        super().__init__(module, files)
         self.spec = spec
-        self.check = check_mode
-        self.diff = diff_mode
-        self.warn = warn
-        self.files = StageFiles(spec.state_dir, spec.name)
+        self.files = files
+        self.diff_mode = bool(module._diff)
+        self.warn = module.warn
         self.record = RunRecord(self.files.running)
         # What every process of this stage's runs carries in its token (see _stage_tree).
         self.stage_id = stage_id(spec.state_dir, spec.name)
@@ -260,37 +94,44 @@ class StageRunner:
         self._cmd_started: Optional[float] = None
         self._cmd_ended: Optional[float] = None
 
-    # -- entry point ------------------------------------------------------------------
-    def run(self) -> Dict[str, Any]:
-        if self.check:
-            recorded_token = (self.record.read() or {}).get("token")
-            recovered = self._recover()
-            self._refuse_earlier_processes(recorded_token)
+    # -- the sequence (ObjectRunner.run: validate, converge) ------------------------------
+    def converge(self) -> Dict[str, Any]:
+        """Under the stage's flock, which check mode does not take (it writes nothing)."""
+        flock = FileLock(self.files.flock, self.spec.name, self.spec.lock_timeout)
+        self.tracker.act("take the stage's lock %s" % self.files.flock, flock.acquire)
+        try:
+            return self._converge_locked()
+        finally:
+            flock.release()  # nothing to release when it was not taken
+
+    def _converge_locked(self) -> Dict[str, Any]:
+        """What a cut-short run left, the stage, then the run statistics (still under the
+        flock, so two runs never interleave their counters; check mode updates none)."""
+        recorded_token = (self.record.read() or {}).get("token")
+        recovered = self._recover()
+        self._refuse_earlier_processes(recorded_token)
+        try:
             result = self._stage()
-            result["metrics_textfile"] = None  # check mode writes nothing
-            return self._with_recovery(result, recovered)
-        with FileLock(self.files.flock, self.spec.name, self.spec.lock_timeout):
-            recorded_token = (self.record.read() or {}).get("token")
-            recovered = self._recover()
-            self._refuse_earlier_processes(recorded_token)
-            try:
-                result = self._stage()
-            except StageFailed as exc:
-                if recovered:
-                    exc.details["interrupted_run"] = recovered
-                # Still under the flock, so two runs never interleave their counters.
-                exc.details["metrics_textfile"] = self._record_metrics(
-                    "failure", duration=exc.details.get("duration"),
-                    mlflow_run_id=exc.details.get("mlflow_run_id"))
-                raise
-            if result.get("ran") or result.get("reused_from"):
-                outcome = "success"
-            else:
-                outcome = "skipped"  # up to date, or frozen although due: never a success
-            result["metrics_textfile"] = self._record_metrics(
-                outcome, duration=result.get("duration"),
-                mlflow_run_id=result.get("mlflow_run_id") or result.get("reused_from"))
-            return self._with_recovery(result, recovered)
+        except StageFailed as exc:
+            if recovered:
+                exc.details["interrupted_run"] = recovered
+            exc.details["metrics_textfile"] = self._update_metrics(
+                "failure", duration=exc.details.get("duration"),
+                mlflow_run_id=exc.details.get("mlflow_run_id"))
+            raise
+        if result.get("ran") or result.get("reused_from"):
+            outcome = "success"
+        else:
+            outcome = "skipped"  # up to date, or frozen although due: never a success
+        result["metrics_textfile"] = self._update_metrics(
+            outcome, duration=result.get("duration"),
+            mlflow_run_id=result.get("mlflow_run_id") or result.get("reused_from"))
+        return self._with_recovery(result, recovered)
+
+    def report_partial(self, err: KvmError) -> None:
+        """ml_stage's failures say themselves what the run did (``changed``, ``ran``, the lock
+        kept, the MLflow run ended) in the keys its RETURN documents, so the base adds no
+        ``actions`` and no "already done" to them."""
 
     # -- a run that was cut short -------------------------------------------------------
     def _recover(self) -> Optional[Dict[str, Any]]:
@@ -307,10 +148,10 @@ class StageRunner:
         token = prev.get("token")
         info: Dict[str, Any] = {k: prev.get(k) for k in ("started", "host", "module_pid", "pid", "cmd")}
         info["mlflow_run_id"] = (prev.get("mlflow") or {}).get("run_id")
-        left: List[int] = []
-        if token:
-            wait = 0.0 if self.check else spec.lock_timeout
-            left = wait_for_exit(token, wait)
+        # Check mode does not wait: it answers now. It fails the same way where a real run
+        # would not wait either (lock_timeout 0), and warns where a real run would.
+        wait = 0 if self.check else spec.lock_timeout
+        left = wait_for_exit(token, wait) if token else []
         if left and (not self.check or spec.lock_timeout <= 0):
             raise StageBusyError(
                 "stage %s: the command of an earlier run that was cut short is still running: "
@@ -318,15 +159,14 @@ class StageRunner:
                 "second copy: wait for it to end (option lock_timeout, waited %s s), or stop it "
                 "(kill -TERM %s) and run again"
                 % (spec.name, describe(left), prev.get("started"), prev.get("module_pid"),
-                   0 if self.check else spec.lock_timeout, " ".join(str(p) for p in left)),
+                   wait, " ".join(str(p) for p in left)),
                 changed=False, lock_file=self.files.running, pids=left)
         if left:  # check mode, where the real run would wait up to lock_timeout
             info["still_running"] = left
             self.warn("stage %s: %s of an earlier, cut-short run still run(s); a real run waits "
                       "up to %s s (lock_timeout) for them" % (spec.name, describe(left), spec.lock_timeout))
         info["mlflow"] = self._end_open_mlflow_run(prev, info)
-        if not self.check:
-            self.record.remove()
+        self._drop_run_record()
         self.warn("stage %s: the run started %s by ml_stage pid %s was cut short (no result was "
                   "recorded; its outputs do not count); MLflow: %s"
                   % (spec.name, prev.get("started"), prev.get("module_pid"), info["mlflow"]))
@@ -339,16 +179,18 @@ class StageRunner:
         a second copy beside them. Those of the recorded cut-short run are _recover's.
         Check mode refuses the same way, or warns where a real run would wait."""
         spec = self.spec
+        # Check mode does not wait (as in _recover).
+        wait = 0 if self.check else spec.lock_timeout
         pids = processes_of_stage(self.stage_id, exclude_token=recorded_token)
-        if pids and not self.check and spec.lock_timeout > 0:
-            deadline = time.monotonic() + spec.lock_timeout
+        if pids and wait > 0:
+            deadline = time.monotonic() + wait
             while pids and time.monotonic() < deadline:
                 time.sleep(0.2)
                 pids = processes_of_stage(self.stage_id, exclude_token=recorded_token)
         if not pids:
             return
         procs = listing(pids)
-        if self.check and spec.lock_timeout > 0:
+        if self.check and spec.lock_timeout > 0:  # a real run would have waited for them
             self.warn("stage %s: %s of an earlier run still run(s); a real run waits up to %s s "
                       "(lock_timeout) for them" % (spec.name, describe_listing(procs), spec.lock_timeout))
             return
@@ -356,8 +198,7 @@ class StageRunner:
             "stage %s: processes of an earlier run of this stage still run: %s. ml_stage does not "
             "start a run beside them: wait for them to end (option lock_timeout, waited %s s), or "
             "stop them (kill -TERM %s) and run again"
-            % (spec.name, describe_listing(procs), 0 if self.check else spec.lock_timeout,
-               " ".join(str(p) for p in pids)),
+            % (spec.name, describe_listing(procs), wait, " ".join(str(p) for p in pids)),
             changed=False, pids=pids, leftover_processes=procs)
 
     def _end_open_mlflow_run(self, prev: Dict[str, Any], info: Dict[str, Any]) -> str:
@@ -377,11 +218,10 @@ class StageRunner:
             if status not in ("RUNNING", "SCHEDULED"):
                 return "run %s was already %s" % (run_id, status)
             info["mlflow_ended"] = True
-            if self.check:
+            self.tracker.act("end MLflow run %s KILLED" % run_id, client.fail_run, run_id, "KILLED",
+                             "cut short: ml_stage pid %s stopped before the run ended" % prev.get("module_pid"))
+            if self.check:  # the words only: what a real run would do
                 return "run %s is %s and would be ended KILLED" % (run_id, status)
-            client.set_tags(run_id, {"mlinfra.stage.failure": "cut short: ml_stage pid %s stopped "
-                                     "before the run ended" % prev.get("module_pid")})
-            client.end_run(run_id, "KILLED")
             return "run %s was %s; ended KILLED" % (run_id, status)
         except (MlflowError, KeyError, TypeError) as exc:
             return "run %s could not be ended (%s); end it by hand" % (run_id, getattr(exc, "msg", exc))
@@ -392,6 +232,30 @@ class StageRunner:
         if recovered and recovered.get("mlflow_ended"):
             result["changed"] = True  # an MLflow run was (or would be) ended
         return result
+
+    # -- side effects of more than one step ---------------------------------------------
+    def _update_metrics(self, outcome: str, duration: Optional[float],
+                        mlflow_run_id: Optional[str]) -> Optional[str]:
+        """The run statistics and textfile updated; their path (None in check mode)."""
+        return self.tracker.act("update the run statistics (%s)" % outcome, self._record_metrics,
+                                outcome, duration, mlflow_run_id)
+
+    def _drop_run_record(self) -> None:
+        self.tracker.act("remove the run record %s" % self.files.running, self.record.remove)
+
+    def _end_mlflow_run(self, tracker: Any, status: str, lock_doc: Optional[Dict[str, Any]],
+                        failure: Optional[str], metrics: Optional[Dict[str, float]] = None) -> None:
+        if tracker:
+            self.tracker.act("end the MLflow run %s" % status, tracker.finish, status, lock_doc,
+                             failure, metrics)
+
+    def _write_lock(self, lock_doc: Dict[str, Any], manifest: Dict[str, Any], cache: StatCache) -> None:
+        """The lock and manifest of a success written, the hash cache saved."""
+        self.tracker.act("write the lock %s" % self.files.lock, self.files.write, lock_doc, manifest)
+        self._save_cache(cache)
+
+    def _save_cache(self, cache: StatCache) -> None:
+        self.tracker.act("save the stat cache %s" % self.files.statcache, cache.save)
 
     def _record_metrics(self, outcome: str, duration: Optional[float],
                         mlflow_run_id: Optional[str]) -> Optional[str]:
@@ -412,100 +276,6 @@ class StageRunner:
                       "unaffected" % (metrics.path, type(exc).__name__, exc))
             return None
 
-    # -- fingerprint --------------------------------------------------------------------
-    def _base_env(self) -> Dict[str, str]:
-        env = dict(os.environ)
-        env.update(self.spec.env)
-        env.update(self.spec.secret_env)
-        return env
-
-    def _code(self, hasher: Hasher) -> Dict[str, Any]:
-        spec = self.spec
-        code: Dict[str, Any] = {}
-        if spec.code_git or spec.code_python:
-            from ._stage_code import git_fingerprint, python_fingerprint, resolve_interpreter
-        if spec.code_paths:
-            code["paths"] = {p: self._entry(hasher, "code.paths", p, IgnoreMatcher(spec.ignore))
-                             for p in spec.code_paths}
-        if spec.code_git:
-            exclude = [spec.state_dir] + [spec.abspath(o) for o in spec.outs]
-            exclude += [spec.abspath(d.path) for d in spec.deps if not is_glob(d.path)]
-            if spec.params_file:
-                exclude.append(spec.abspath(spec.params_file))
-            algo = hasher.algo
-
-            def hash_files(paths: List[str]) -> str:
-                items = []
-                for path in paths:
-                    try:
-                        st = os.stat(path)
-                    except OSError:
-                        continue
-                    if stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened (it could hang)
-                        items.append((path, st))
-                digests = hasher.cache.file_hashes(items)
-                lines = ["%s\0%s\n" % (os.path.relpath(p, spec.code_git), d)
-                         for (p, _st), d in zip(items, digests)]
-                return hash_bytes(algo, "".join(lines).encode("utf-8", "surrogateescape"))
-
-            code["git"] = git_fingerprint(spec.code_git, exclude,
-                                          lambda data: hash_bytes(algo, data), hash_files)
-        if spec.code_python:
-            env = self._base_env()
-            interp = resolve_interpreter(spec.code_python, spec.cmd, env.get("PATH"), spec.chdir,
-                                         sys.executable)
-            code["python"] = python_fingerprint(interp, env, spec.chdir)
-        return code
-
-    def _entry(self, hasher: Hasher, option: str, path: str, ignore: IgnoreMatcher) -> Dict[str, Any]:
-        try:
-            entry = hasher.path(path, self.spec.chdir, ignore, refuse_special=True)
-        except SpecialFileError as exc:
-            raise special_input(option, path, self.spec.abspath(path), exc.path, exc.kind)
-        except OSError as exc:
-            raise InvalidInputError(option, path, "cannot be read (%s)" % exc,
-                                    "fix its permissions for the user the task runs as")
-        if entry["kind"] == "missing":
-            raise InvalidInputError(option, path, "does not exist any more",
-                                    "fix the path or produce it first")
-        return public(entry)
-
-    def _fingerprint(self, hasher: Hasher) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
-        """(inputs, git info kept out of the key, outs as they are now)."""
-        spec = self.spec
-        deps = {d.path: self._entry(hasher, "deps", d.path, IgnoreMatcher(d.ignore)) for d in spec.deps}
-        code = self._code(hasher)
-        git_info = {}
-        if "git" in code:
-            git_info = {"commit": code["git"].pop("commit")}
-        inputs = {
-            "algorithm": hasher.algo,
-            "cmd": spec.cmd,
-            "env": spec.env,
-            "params": spec.params,
-            "params_file": spec.params_file,
-            "salt": spec.salt,
-            "deps": deps,
-            "outs": sorted(spec.outs),
-            "code": code,
-        }
-        try:
-            outs = {o: public(hasher.path(o, spec.chdir)) for o in spec.outs}
-        except SpecialFileError as exc:
-            raise InvalidInputError("outs", os.path.relpath(exc.path, spec.chdir), "is a %s" % exc.kind,
-                                    "declare the regular files or directories the command writes; "
-                                    "remove the %s or fix the outs option" % exc.kind)
-        return inputs, git_info, outs
-
-    # -- reasons ------------------------------------------------------------------------
-    def _reasons(self, lock: Optional[Dict[str, Any]], problem: Optional[str],
-                 inputs: Dict[str, Any], git_info: Dict[str, Any], outs: Dict[str, Any],
-                 hasher: Hasher) -> List[str]:
-        reasons: List[str] = ["force: true"] if self.spec.force else []
-        if lock is None:
-            return reasons + [problem or "no lock: the stage has not run successfully here yet"]
-        return RunReasons(self.files, self.spec, lock, inputs, hasher).find(reasons, git_info, outs)
-
     # -- the stage ------------------------------------------------------------------------
     def _stage(self) -> Dict[str, Any]:
         spec = self.spec
@@ -519,10 +289,10 @@ class StageRunner:
             raise InvalidInputError("hash_algorithm", spec.hash_algorithm, str(exc),
                                     "install the package on the target host, or use auto")
         cache = StatCache(self.files.statcache, algo)
-        hasher = Hasher(cache)
-        inputs, git_info, outs_now = self._fingerprint(hasher)
-        key = _key(inputs)
-        reasons = self._reasons(lock, problem, inputs, git_info, outs_now, hasher)
+        fingerprint = StageFingerprint(spec, Hasher(cache))
+        inputs, git_info, outs_now = fingerprint.read()
+        key = stage_key(inputs)
+        reasons = run_reasons(self.files, spec, lock, problem, inputs, git_info, outs_now, fingerprint.hasher)
         previous_key = (lock or {}).get("key")
         result: Dict[str, Any] = {
             "changed": False, "ran": False, "would_run": bool(reasons), "reasons": reasons,
@@ -536,10 +306,10 @@ class StageRunner:
             "inputs_digest": inputs_digest(inputs),
             "code_python": inputs["code"].get("python"),
         }
-        result["summary"] = _summary_line(reasons, spec.frozen, key, inputs, outs_now)
-        if self.diff and reasons:
-            result["diff"] = {"before": _summary(lock) if lock else {},
-                              "after": _summary({"key": key, "inputs": inputs, "outs": None})}
+        result["summary"] = summary_line(reasons, spec.frozen, key, inputs, outs_now)
+        if self.diff_mode and reasons:
+            result["diff"] = {"before": lock_summary(lock) if lock else {},
+                              "after": lock_summary({"key": key, "inputs": inputs, "outs": None})}
         if not reasons or spec.frozen:
             # What the last successful run recorded, so a summary of a skipped stage still
             # shows its figures and the MLflow run that made its outputs.
@@ -549,8 +319,7 @@ class StageRunner:
             result["last_mlflow_run_id"] = (last_run.get("mlflow") or {}).get("run_id")
             if spec.frozen and reasons:
                 self.warn("stage %s is frozen: not running although %s" % (spec.name, "; ".join(reasons)))
-            if not self.check:
-                cache.save()
+            self._save_cache(cache)
             return result
         result["changed"] = True
         if spec.mps:  # before MLflow is contacted: a stage that cannot run makes no run there
@@ -560,23 +329,24 @@ class StageRunner:
             from ._stage_track import StageTracker  # only for a stage that is about to run
             tracker = StageTracker(spec, self.files, self.check, self.warn)
             tracker.connect()
-        reuse = tracker.find_reuse(key, hasher.algo) if tracker else None
+        reuse = tracker.find_reuse(key, algo) if tracker else None
+        # Check mode stops before the run: what the command (or a fetch of the reused outputs)
+        # would produce cannot be predicted, and every step from here on needs it.
         if self.check:
             if reuse:
                 result["reuse_from"] = reuse.run_id
             return result
-        manifest = self._input_manifests(inputs, hasher)  # as the inputs are now, before the run
-        if reuse and tracker.fetch(reuse):
-            lock_doc, manifest = self._lock_doc(key, inputs, git_info, hasher, manifest, None, {},
-                                                reused_from=reuse.run_id)
-            self.files.write(lock_doc, manifest)
-            cache.save()
+        manifest = fingerprint.input_manifests(inputs)  # as the inputs are now, before the run
+        if reuse and self.tracker.act("fetch the outs of MLflow run %s" % reuse.run_id, tracker.fetch, reuse):
+            lock_doc, manifest = fingerprint.lock_doc(key, inputs, git_info, manifest, None, {},
+                                                      reused_from=reuse.run_id)
+            self._write_lock(lock_doc, manifest, cache)
             result.update(outs=lock_doc["outs"], reused_from=reuse.run_id)
             result["reasons"] = reasons + ["reused the outputs of MLflow run %s (same key, %s)"
                                            % (reuse.run_id, tracker.trust())]
             return result
         return self._execute(result, tracker, key, previous_key, inputs, git_info,
-                             hasher, manifest, reasons)
+                             fingerprint, manifest, reasons)
 
     def _check_mps(self, result: Dict[str, Any]) -> None:
         """A due stage under MPS needs its daemon. A real run fails without it; check mode
@@ -589,7 +359,7 @@ class StageRunner:
         result["mps"]["daemon"] = "ok: %s is a socket" % mps.control_socket if problem is None else problem
         if problem is None:
             return
-        if not self.check:
+        if not self.check:  # a real run fails here (see above); check mode only warns
             mps.check_daemon()
         self.warn("stage %s: mps.pipe_directory %s %s; a real run fails here unless the daemon "
                   "runs by then" % (self.spec.name, mps.pipe_directory, problem))
@@ -597,10 +367,10 @@ class StageRunner:
     # -- running ------------------------------------------------------------------------
     def _execute(self, result: Dict[str, Any], tracker: Any, key: str,
                  previous_key: Optional[str], inputs: Dict[str, Any], git_info: Dict[str, Any],
-                 hasher: Hasher, manifest: Dict[str, Any], reasons: List[str]) -> Dict[str, Any]:
+                 fingerprint: StageFingerprint, manifest: Dict[str, Any], reasons: List[str]) -> Dict[str, Any]:
         """Run the command and, when it succeeded, write the lock: environment, workspace, the
         command, its verdict, then the record of the run."""
-        env = self._command_env(result, tracker, key, previous_key, git_info, hasher, reasons)
+        env = self._command_env(result, tracker, key, previous_key, git_info, fingerprint.hasher.algo, reasons)
         self._prepare_workspace()
         rc, timed_out, cmd_started, duration = self._run_command(env, tracker, result)
         failure = self._failure(rc, timed_out)
@@ -612,15 +382,15 @@ class StageRunner:
                 failure = "metrics_file %s is not a JSON (or YAML) document: %s" % (self.spec.metrics_file, exc)
         if failure is not None:
             self._fail(result, tracker, failure)
-        return self._record_success(result, tracker, key, inputs, git_info, hasher, manifest, metrics,
+        return self._record_success(result, tracker, key, inputs, git_info, fingerprint, manifest, metrics,
                                     cmd_started, duration)
 
     def _command_env(self, result: Dict[str, Any], tracker: Any, key: str, previous_key: Optional[str],
-                     git_info: Dict[str, Any], hasher: Hasher, reasons: List[str]) -> Dict[str, str]:
+                     git_info: Dict[str, Any], algo: str, reasons: List[str]) -> Dict[str, str]:
         """The command's environment: the module's, the stage's, MPS, the stage's identity and,
         when tracked, the MLflow run it logs to (started here)."""
         spec = self.spec
-        env = self._base_env()
+        env = base_env(spec)
         env.update(spec.runtime_env)
         if spec.mps:
             spec.mps.apply(env)
@@ -629,7 +399,8 @@ class StageRunner:
             env["ML_STAGE_PARAMS"] = spec.abspath(spec.params_file)
         if tracker:
             from ._stage_track import TELEMETRY_OFF, apply_tls_env
-            env.update(tracker.start(key, previous_key, reasons, hasher.algo, git_info.get("commit")))
+            env.update(self.tracker.act("start an MLflow run", tracker.start, key, previous_key, reasons,
+                                        algo, git_info.get("commit")))
             for name, value in TELEMETRY_OFF.items():  # the stage's env (or the module's) may say otherwise
                 env.setdefault(name, value)
             if tracker.run_id:  # an untracked command gets no MLflow URI, so no TLS settings either
@@ -644,16 +415,13 @@ class StageRunner:
         directory made."""
         spec = self.spec
         if spec.params_file:
-            write_bytes_atomic(spec.abspath(spec.params_file),
-                               (json.dumps(spec.params, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+            self.tracker.act("write params_file %s" % spec.params_file, write_bytes_atomic,
+                             spec.abspath(spec.params_file),
+                             (json.dumps(spec.params, indent=2, sort_keys=True) + "\n").encode("utf-8"))
         if spec.clean_outs:
             for out in spec.outs:
-                full = spec.abspath(out)
-                if os.path.isdir(full) and not os.path.islink(full):
-                    shutil.rmtree(full)
-                elif os.path.lexists(full):
-                    os.unlink(full)
-        os.makedirs(spec.state_dir, exist_ok=True)
+                self.tracker.act("remove out %s (clean_outs)" % out, remove_path, spec.abspath(out))
+        self.tracker.act("create state_dir %s" % spec.state_dir, os.makedirs, spec.state_dir, exist_ok=True)
 
     def _run_command(self, env: Dict[str, str], tracker: Any,
                      result: Dict[str, Any]) -> Tuple[int, bool, float, float]:
@@ -664,13 +432,12 @@ class StageRunner:
         if tracker and tracker.run_id:
             self._run_mlflow = {k: result["mlflow"][k] for k in ("run_id", "experiment_id", "tracking_uri")}
         try:
-            rc, timed_out = self._spawn(env)
+            rc, timed_out = self.tracker.act("run the command", self._spawn, env)
         except StageFailed as exc:
             self._cmd_ended = time.time()
-            if tracker:
-                tracker.finish(exc.mlflow_status, None, exc.msg)
+            self._end_mlflow_run(tracker, exc.mlflow_status, None, exc.msg)
             if not exc.details.get("still_running"):
-                self.record.remove()
+                self._drop_run_record()
             raise
         self._leftover_problem = self._deal_with_leftovers(env[TOKEN_VAR], t0, timed_out, result)
         self._cmd_ended = time.time()
@@ -742,9 +509,8 @@ class StageRunner:
 
     def _fail(self, result: Dict[str, Any], tracker: Any, failure: str) -> None:
         """End the MLflow run FAILED, drop the run record, keep the previous lock, and raise."""
-        if tracker:
-            tracker.finish("FAILED", None, failure)
-        self.record.remove()
+        self._end_mlflow_run(tracker, "FAILED", None, failure)
+        self._drop_run_record()
         details = {k: result.get(k) for k in ("rc", "duration", "stdout_tail", "stderr_tail",
                                               "stdout_log", "stderr_log", "reasons", "key",
                                               "previous_key", "mlflow", "mlflow_run_id",
@@ -753,20 +519,18 @@ class StageRunner:
                           changed=True, ran=True, lock_file=self.files.lock, **details)
 
     def _record_success(self, result: Dict[str, Any], tracker: Any, key: str, inputs: Dict[str, Any],
-                        git_info: Dict[str, Any], hasher: Hasher, manifest: Dict[str, Any],
+                        git_info: Dict[str, Any], fingerprint: StageFingerprint, manifest: Dict[str, Any],
                         metrics: Dict[str, float], cmd_started: float, duration: float) -> Dict[str, Any]:
         """The lock and manifest written, the hash cache saved, the MLflow run ended FINISHED."""
         # The run the command logged to, as _run_command recorded it (None when untracked).
-        lock_doc, manifest = self._lock_doc(key, inputs, git_info, hasher, manifest, self._run_mlflow,
-                                            metrics, cmd_started=cmd_started, duration=duration)
-        self.files.write(lock_doc, manifest)
-        hasher.cache.save()
+        lock_doc, manifest = fingerprint.lock_doc(key, inputs, git_info, manifest, self._run_mlflow,
+                                                  metrics, cmd_started=cmd_started, duration=duration)
+        self._write_lock(lock_doc, manifest, fingerprint.hasher.cache)
         result.update(outs=lock_doc["outs"], metrics=metrics)
         try:
-            if tracker:
-                tracker.finish("FINISHED", lock_doc, None, metrics)
+            self._end_mlflow_run(tracker, "FINISHED", lock_doc, None, metrics)
         finally:
-            self.record.remove()
+            self._drop_run_record()
         return result
 
     def _check_executable(self, env: Dict[str, str]) -> None:
@@ -812,17 +576,18 @@ class StageRunner:
                     raise StageFailed("option cmd: %s could not be started (%s); install it or fix "
                                       "the path" % (spec.cmd[0], exc), changed=False)
             try:
-                self.record.write(env[TOKEN_VAR], proc.pid, spec.launcher + spec.cmd, self._run_mlflow)
+                self.tracker.act("record the run in %s" % self.files.running, self.record.write,
+                                 env[TOKEN_VAR], proc.pid, spec.launcher + spec.cmd, self._run_mlflow)
                 armed = True
                 if held:
                     raise _Signalled(held[0])
                 return proc.wait(timeout=spec.timeout or None), False
             except subprocess.TimeoutExpired:
-                return self._stop(proc), True
+                return stop_group(proc, STOP_GRACE), True
             except _Signalled as exc:
                 for sig in STOP_SIGNALS:  # a second signal must not cut the clean-up short
                     signal.signal(sig, signal.SIG_IGN)
-                self._stop(proc)
+                stop_group(proc, STOP_GRACE)
                 raise self._interrupted(exc.signum, env[TOKEN_VAR])
             except BaseException:
                 try:
@@ -834,23 +599,9 @@ class StageRunner:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    @staticmethod
-    def _stop(proc: "subprocess.Popen[bytes]") -> int:
-        """SIGTERM to the command's process group, SIGKILL after the grace; its status."""
-        for sig, wait in ((signal.SIGTERM, STOP_GRACE + 5), (signal.SIGKILL, 30)):
-            try:
-                os.killpg(proc.pid, sig)
-            except OSError:
-                pass
-            try:
-                return proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-        return -signal.SIGKILL
-
     def _interrupted(self, signum: int, token: str) -> StageInterrupted:
         name = signal.Signals(signum).name
-        left = _still_running(token)
+        left = still_running(token)
         why = {"SIGHUP": "the connection to the controller dropped, or ansible-playbook was killed",
                "SIGINT": "interrupted from the keyboard", "SIGTERM": "asked to stop"}.get(name, "")
         msg = ("stage %s was interrupted by %s (%s) while its command ran; the command was stopped "
@@ -860,114 +611,6 @@ class StageRunner:
                     "next run waits for them or refuses)" % describe(left))
         return StageInterrupted(msg, changed=True, ran=True, interrupted_by=name,
                                 still_running=left, lock_file=self.files.lock)
-
-    def _input_manifests(self, inputs: Dict[str, Any], hasher: Hasher) -> Dict[str, Dict[str, Any]]:
-        """Per-file hashes of the tree deps and code paths (for the reasons of the next run)."""
-        spec = self.spec
-        manifest: Dict[str, Dict[str, Any]] = {"deps": {}, "outs": {}, "code": {}}
-        for dep in spec.deps:
-            if inputs["deps"][dep.path]["kind"] in ("dir", "glob"):
-                manifest["deps"][dep.path] = hasher.manifest(dep.path, spec.chdir, IgnoreMatcher(dep.ignore))
-        for path in spec.code_paths:
-            if inputs["code"]["paths"][path]["kind"] in ("dir", "glob"):
-                manifest["code"][path] = hasher.manifest(path, spec.chdir, IgnoreMatcher(spec.ignore))
-        return manifest
-
-    def _lock_doc(self, key: str, inputs: Dict[str, Any], git_info: Dict[str, Any], hasher: Hasher,
-                  manifest: Dict[str, Dict[str, Any]], mlflow: Optional[Dict[str, Any]],
-                  metrics: Dict[str, float], reused_from: Optional[str] = None,
-                  cmd_started: Optional[float] = None,
-                  duration: Optional[float] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """The lock of a successful run, and its manifest with the outs hashed as they are now."""
-        spec = self.spec
-        manifest = dict(manifest, outs={})
-        outs = {}
-        for out in spec.outs:
-            entry = hasher.path(out, spec.chdir, want_manifest=True)
-            outs[out] = public(entry)
-            if "manifest" in entry:
-                manifest["outs"][out] = entry["manifest"]
-        run = {"host": socket.gethostname(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "duration": duration, "mlflow": mlflow, "reused_from": reused_from}
-        if cmd_started is not None:
-            run["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(cmd_started))
-        if git_info.get("commit"):
-            run["git_commit"] = git_info["commit"]
-        if spec.mps and reused_from is None:  # how the run shared the GPU; not in the key
-            run["mps"] = {k: v for k, v in spec.mps.summary().items() if k != "env"}
-        if spec.runtime_env and reused_from is None:  # where it ran; not in the key
-            run["runtime_env"] = dict(spec.runtime_env)
-        if spec.launcher and reused_from is None:  # how it was started (srun); not in the key
-            run["launcher"] = list(spec.launcher)
-        doc = {"format": LOCK_FORMAT, "stage": spec.name, "key": key, "inputs": inputs,
-               "outs": outs, "metrics": metrics, "run": run}
-        return doc, manifest
-
-
-# How long the members of a stopped command's process group may take to finish dying: the
-# supervisor can exit while a grandchild killed with the group is still being torn down, and
-# such a process is not one that "still runs" (a loaded host, seen in a rehearsal).
-GROUP_EXIT_WAIT = 5.0
-
-
-def _still_running(token: str) -> List[int]:
-    """The run's processes left after its group was stopped: waits up to GROUP_EXIT_WAIT for
-    the group's dying members, so only a process that escaped the group is reported."""
-    deadline = time.monotonic() + GROUP_EXIT_WAIT
-    left = processes_with_token(token)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = processes_with_token(token)
-    return left
-
-
-def _key(inputs: Dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(inputs).encode("utf-8")).hexdigest()
-
-
-def inputs_digest(inputs: Dict[str, Any]) -> Dict[str, str]:
-    """One short digest per part of the key (``cmd``, ``params``, ``deps/PATH``, ``code/python``...).
-
-    Two hosts whose keys differ compare these to say which input differs (the pipeline role's
-    distributed train refuses a worker that would train on other data or code).
-    """
-    parts: Dict[str, Any] = {}
-    for name, value in inputs.items():
-        if name in ("deps", "code") and isinstance(value, dict):
-            for sub, entry in value.items():
-                if name == "code" and sub == "paths" and isinstance(entry, dict):
-                    for path, item in entry.items():
-                        parts["code/paths/%s" % path] = item
-                else:
-                    parts["%s/%s" % (name, sub)] = entry
-        else:
-            parts[name] = value
-    return {name: hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()[:16]
-            for name, value in sorted(parts.items())}
-
-
-def _summary(lock: Dict[str, Any]) -> Dict[str, Any]:
-    """The lock as diff mode shows it: what the key is made of, outputs by hash."""
-    inputs = lock.get("inputs") or {}
-    code = inputs.get("code") or {}
-    outs = lock.get("outs")
-    return {
-        "key": lock.get("key"),
-        "cmd": shlex.join(inputs.get("cmd") or []),
-        "params": inputs.get("params"),
-        "env": inputs.get("env"),
-        "salt": inputs.get("salt"),
-        "algorithm": inputs.get("algorithm"),
-        "deps": {k: "%s (%s files)" % (v.get("hash"), v.get("files")) for k, v in (inputs.get("deps") or {}).items()},
-        "code": {
-            "paths": {k: v.get("hash") for k, v in (code.get("paths") or {}).items()},
-            "git": code.get("git"),
-            "python": ({"python": code["python"].get("python"), "dists": len(code["python"].get("dists") or {})}
-                       if code.get("python") else None),
-        },
-        "outs": ({k: v.get("hash") for k, v in outs.items()} if outs is not None
-                 else {k: "(after the run)" for k in inputs.get("outs") or []}),
-    }
 
 
 def _read_metrics(path: str) -> Dict[str, float]:
@@ -988,18 +631,3 @@ def _read_metrics(path: str) -> Dict[str, float]:
     if not isinstance(data, dict):
         raise ValueError("the document is not a mapping of metric names to numbers")
     return numeric_metrics(data)
-
-
-def _summary_line(reasons: List[str], frozen: bool, key: str, inputs: Dict[str, Any], outs: Any) -> str:
-    """One sentence for logs and play summaries: why the stage runs, or why it does not."""
-    if reasons and frozen:
-        return "frozen: not run although " + "; ".join(reasons)
-    if reasons:
-        return "; ".join(reasons)
-    return ("up to date: key %s matches the lock (command, %d deps, params, code and %d outs unchanged)"
-            % (key[:12], len(inputs.get("deps") or ()), len(outs or ())))
-
-
-def run_ml_stage(module: Any) -> Dict[str, Any]:
-    """The module's one call: the options checked and completed once (StageSpec), then the run."""
-    return StageRunner(StageSpec(module.params), module.check_mode, module._diff, module.warn).run()

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from .._core._errors import KvmError
 from ._stage_hash import Hasher, StatCache
-from ._stage_lock import StageFiles
+from ._stage_lock import StageFiles, remove_path
 from ._stage_mlflow import MlflowClient, MlflowError, param_value
 from ._stage_sign import (KEY_ID_TAG, LOCK_ARTIFACT, SIGNATURE_ARTIFACT, UntrustedLock, check_pins,
                           key_id, signature, verify_signature)
@@ -190,10 +190,7 @@ class StageTracker:
                 staged[out] = dest
             for out, src in staged.items():
                 dest = spec.abspath(out)
-                if os.path.isdir(dest) and not os.path.islink(dest):
-                    shutil.rmtree(dest)
-                elif os.path.lexists(dest):
-                    os.unlink(dest)
+                remove_path(dest)
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
                 os.replace(src, dest)
             return True
