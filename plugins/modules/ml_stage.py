@@ -9,13 +9,7 @@ module: ml_stage
 short_description: Run an ML pipeline stage only when something that affects it changed
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    platforms: posix
+  - mlinfra.kvm.attributes
 description:
   - Runs a command (a prepare, train or evaluate step) on the target host when, and only
     when, its inputs changed since its last successful run, says why in words, and records
