@@ -25,8 +25,10 @@ description:
   - Check mode reads the server and predicts every action; nothing is written. Diff mode shows
     the user's admin flag and experiment permissions before and after; a password change
     shows only that the password changes.
-  - After a failure midway, the result says which actions were done (C(actions_done)) and which
-    were not (C(actions_left)). C(changed) is true when any was done. A re-run completes the rest.
+  - After a failure midway, the result says which actions were done (C(actions)), which one
+    failed (C(failed_action)) and which were not done (C(actions_left)), as every module of the
+    collection reports a partial change. C(changed) is true when any was done. A re-run completes
+    the rest.
 options:
   tracking_uri:
     description: URL of the tracking server, e.g. C(http://mlflow.lab:5000).
@@ -188,18 +190,19 @@ user:
       type: dict
   sample: {name: pipeline-nightly, exists: true, is_admin: false, experiment_permissions: {nightly: EDIT}}
 actions:
-  description: What the module did (or, in check mode, would do), in order.
-  returned: always
+  description:
+    - What the module did (or, in check mode, would do), in order.
+    - After a failure midway, the actions that were done before it.
+  returned: always, and on a failure after a change
   type: list
   elements: str
   sample: ["create user pipeline-nightly", "grant EDIT on experiment nightly to user pipeline-nightly"]
-actions_done:
-  description: After a failure, the actions that were done before it.
+failed_action:
+  description: After a failure of a write, the action that failed.
   returned: failure
-  type: list
-  elements: str
+  type: str
 actions_left:
-  description: After a failure, the action that failed and those after it.
+  description: After a failure of a write, the action that failed and those after it.
   returned: failure
   type: list
   elements: str

@@ -5,8 +5,8 @@
 
 Three layers, as in the other modules: :class:`UserSpec` validates the options before any
 call; :class:`MlflowUserService` is the only code that talks to the tracking server (as its
-admin); :class:`MlflowUserManager` reads the user, compares it with the spec through the
-difference tracker and performs the planned actions, unless in check mode. The module's
+admin); :class:`MlflowUserRunner`, on the runner every module shares, reads the user, plans
+each action from that read and performs the plan through ``tracker.act`` (not in check mode). The module's
 options (:func:`argument_spec`) and :func:`run_mlflow_user`, which joins the three, are here too,
 so the module file holds only its documentation and main().
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .._core._diff import DifferenceTracker
 from .._core._errors import InvalidInputError, KvmError
+from .._core._runner import ObjectRunner
 from ._stage_mlflow import MlflowClient, MlflowError
 from .._core._validate import ca_file, plain_text
 
@@ -197,20 +197,22 @@ class MlflowUserService:
 Step = Tuple[str, Callable[[], None]]
 
 
-class MlflowUserManager:
-    def __init__(self, spec: UserSpec, service: MlflowUserService, check_mode: bool) -> None:
+class MlflowUserRunner(ObjectRunner):
+    """Read the user, plan every side effect from that read (so bad input and a missing
+    experiment are refused before the first write), then perform the plan through
+    ``tracker.act``. A failure midway is the base's partial change, with ``actions_left``."""
+
+    def __init__(self, module: Any, service: Optional[MlflowUserService] = None) -> None:
+        spec = UserSpec.from_params(module.params)  # refused before any call to the server
+        super().__init__(module, service if service is not None else MlflowUserService(spec))
         self.spec = spec
-        self.service = service
-        self.check_mode = check_mode
-        self.diff = DifferenceTracker()
         self.steps: List[Step] = []
         self.password_changes = False
 
     def _plan(self, description: str, fn: Callable[[], None]) -> None:
-        self.diff.action(description)
         self.steps.append((description, fn))
 
-    def run(self) -> Dict[str, Any]:
+    def converge(self) -> Dict[str, Any]:
         spec, service = self.spec, self.service
         before = service.read(spec.name)
         names = {eid: service.experiment_name(eid) for eid in before.grants}
@@ -225,9 +227,21 @@ class MlflowUserManager:
         if self.password_changes:
             # A password is never shown; the diff still says that it changes.
             before_view["password"], after_view["password"] = "(another password)", "(the declared password)"
-        self._perform()
-        return {"changed": self.diff.changed, "actions": self.diff.actions, "user": user,
-                "diff": self.diff.diff(before_view, after_view)}
+        for description, fn in self.steps:
+            self.tracker.act(description, fn)
+        return {"changed": self.tracker.changed, "actions": self.tracker.actions, "user": user,
+                "diff": self.tracker.diff(before_view, after_view)}
+
+    def report_partial(self, err: KvmError) -> None:
+        """The base's partial change (``changed``, ``actions`` done, ``failed_action``), the
+        message led by the step that failed, and the steps not done (``actions_left``)."""
+        failed = self.tracker.failed_action
+        if self.check or failed is None:
+            return
+        err.msg = "%s failed: %s" % (failed, err.msg)
+        super().report_partial(err)
+        err.details["failed_action"] = failed
+        err.details["actions_left"] = [step[0] for step in self.steps[len(self.tracker.performed):]]
 
     def _plan_present(self, before: UserState, names: Dict[str, str]) -> Dict[str, Any]:
         spec, service = self.spec, self.service
@@ -291,20 +305,6 @@ class MlflowUserManager:
         self._plan("create experiment %s and grant %s on it to user %s"
                    % (grant.experiment, grant.permission, spec.name), create_and_grant)
 
-    def _perform(self) -> None:
-        if self.check_mode:
-            return
-        done: List[str] = []
-        for description, fn in self.steps:
-            try:
-                fn()
-            except KvmError as exc:
-                # What was done stays done: report it, and a re-run completes the rest.
-                raise KvmError("%s failed: %s" % (description, exc.msg), changed=bool(done),
-                               actions_done=done, actions_left=[step[0] for step in self.steps[len(done):]],
-                               **{k: v for k, v in getattr(exc, "details", {}).items() if k != "changed"})
-            done.append(description)
-
     @staticmethod
     def _view(state: UserState, names: Dict[str, str]) -> Dict[str, Any]:
         if not state.exists:
@@ -343,5 +343,4 @@ def argument_spec() -> Dict[str, Any]:
 
 def run_mlflow_user(module: Any) -> Dict[str, Any]:
     """Validate the options (before any call), then converge the user on the server."""
-    spec = UserSpec.from_params(module.params)
-    return MlflowUserManager(spec, MlflowUserService(spec), module.check_mode).run()
+    return MlflowUserRunner(module).run()

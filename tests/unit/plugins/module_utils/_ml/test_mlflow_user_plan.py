@@ -19,6 +19,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._ml import _mlflow_use
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import (  # noqa: E402
     InvalidInputError, KvmError)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._ml._stage_mlflow import MlflowError  # noqa: E402
+from fake_module import StandInModule  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +32,11 @@ def params(**over: Any) -> Dict[str, Any]:
                          "purge_experiment_permissions": False, "timeout": 30.0, "validate_certs": True}
     p.update(over)
     return p
+
+
+def runner(module_params: Dict[str, Any], service: "MemoryService", check_mode: bool = False) -> Any:
+    """The module's runner on a stand-in module with ``module_params``, talking to ``service``."""
+    return U.MlflowUserRunner(StandInModule(module_params, check_mode=check_mode), service)  # type: ignore[arg-type]
 
 
 class MemoryService:
@@ -78,18 +84,20 @@ class MemoryService:
 
 def test_a_failure_midway_reports_what_was_done() -> None:
     service = MemoryService(fail_on="grant")
-    spec = U.UserSpec.from_params(params(experiment_permissions=[{"experiment": "shared", "permission": "EDIT"}]))
+    spec = params(experiment_permissions=[{"experiment": "shared", "permission": "EDIT"}])
     with pytest.raises(KvmError) as err:
-        U.MlflowUserManager(spec, service, check_mode=False).run()   # type: ignore[arg-type]
+        runner(spec, service).run()
     details = err.value.details
     assert details["changed"] is True
-    assert details["actions_done"] == ["create user pipe"]
+    assert details["actions"] == ["create user pipe"]
+    assert details["failed_action"] == "grant EDIT on experiment shared to user pipe"
     assert details["actions_left"] == ["grant EDIT on experiment shared to user pipe"]
     assert err.value.msg.startswith("grant EDIT on experiment shared to user pipe failed: MLflow POST grant: HTTP 503")
+    assert err.value.msg.endswith("(already done: create user pipe)")
     assert details["mlflow_status"] == 503
 
     service.fail_on = None   # the re-run completes the rest, and only the rest
-    done = U.MlflowUserManager(spec, service, check_mode=False).run()   # type: ignore[arg-type]
+    done = runner(spec, service).run()
     assert done["changed"] and done["actions"] == ["grant EDIT on experiment shared to user pipe"]
     assert service.users["pipe"]["grants"] == {"1": "EDIT"}
 
@@ -97,14 +105,18 @@ def test_a_failure_midway_reports_what_was_done() -> None:
 def test_a_failure_before_any_write_is_not_a_change() -> None:
     service = MemoryService(fail_on="users/create")
     with pytest.raises(KvmError) as err:
-        U.MlflowUserManager(U.UserSpec.from_params(params()), service, check_mode=False).run()   # type: ignore[arg-type]
-    assert err.value.details["changed"] is False and err.value.details["actions_done"] == []
+        runner(params(), service).run()
+    details = err.value.details
+    assert "changed" not in details or details["changed"] is False  # the module reports changed=false
+    assert "actions" not in details and details["failed_action"] == "create user pipe"
+    assert details["actions_left"] == ["create user pipe"]
+    assert err.value.msg.startswith("create user pipe failed: ")
 
 
 def test_check_mode_plans_and_calls_nothing() -> None:
     service = MemoryService()
-    spec = U.UserSpec.from_params(params(experiment_permissions=[{"experiment": "new-exp", "permission": "READ"}]))
-    res = U.MlflowUserManager(spec, service, check_mode=True).run()   # type: ignore[arg-type]
+    spec = params(experiment_permissions=[{"experiment": "new-exp", "permission": "READ"}])
+    res = runner(spec, service, check_mode=True).run()
     assert res["changed"] and service.calls == [] and service.users == {}
     assert res["user"]["experiment_permissions"] == {"new-exp": "READ"}
 
