@@ -351,12 +351,14 @@ def start_prometheus(tmp_path_factory: pytest.TempPathFactory, exporters: Dict[s
     started: List[Prometheus] = []
 
     def start(extra_node_targets: Optional[List[Any]] = None, rules: Optional[List[Dict[str, Any]]] = None,
-              page_config: bool = True) -> Prometheus:
+              page_config: bool = True, down_node_targets: Optional[List[Any]] = None) -> Prometheus:
+        """down_node_targets: node targets nothing listens on (up 0), not waited for."""
         targets = {"node": [(exporters["node"], HYPERVISOR)] + list(extra_node_targets or []),
                    "libvirt": [(exporters["libvirt"], HYPERVISOR)]}
+        count = sum(len(endpoints) for endpoints in targets.values())
+        targets["node"] += list(down_node_targets or [])
         prom = Prometheus(tmp_path_factory.mktemp("prometheus"), targets, PAGE_CONFIG if page_config else None, rules)
         started.append(prom)
-        count = sum(len(endpoints) for endpoints in targets.values())
         wait_for("Prometheus to scrape its %d targets twice" % count, lambda: prom.ready(count),
                  timeout=90, interval=0.5, diagnostics=prom.proc.tail)
         return prom
@@ -595,3 +597,93 @@ def check_cost_section(driver, prom: Prometheus, textfiles: Path, page_state) ->
     today = section.find_element(By.CSS_SELECTOR, '.cost-days tr[data-day="0"][data-currency="EUR"]')
     assert expected - 0.005 <= _money(today.find_element(By.CSS_SELECTOR, ".cost-day-on-premise").text) <= expected * 1.3
     assert driver.execute_script("return window.__xss === undefined && !document.querySelector('main img')")
+
+
+def maintenance_textfile(hypervisor: str, started: int) -> str:
+    """What playbooks/hypervisor_maintenance.yml writes (mlinfra_hypervisor_maintenance.prom)."""
+    return ("# HELP mlinfra_hypervisor_maintenance 1 while playbooks/hypervisor_maintenance.yml of mlinfra.kvm drains,"
+            " updates or reboots this hypervisor.\n"
+            "# TYPE mlinfra_hypervisor_maintenance gauge\n"
+            'mlinfra_hypervisor_maintenance{hypervisor="%s"} 1\n'
+            "# HELP mlinfra_hypervisor_maintenance_start_timestamp_seconds When that maintenance began (Unix time).\n"
+            "# TYPE mlinfra_hypervisor_maintenance_start_timestamp_seconds gauge\n"
+            'mlinfra_hypervisor_maintenance_start_timestamp_seconds{hypervisor="%s"} %d\n' % (hypervisor, hypervisor, started))
+
+
+def test_dashboard_shows_hypervisor_maintenance(start_prometheus, browser, tmp_path: Path) -> None:
+    """A second hypervisor, hv2, in maintenance for 25 min (the playbook's textfile metric on its
+    node exporter) with a VM on it shut off (the mlinfra-vm-state collector's series) whose own
+    node exporter is down: hv2's card carries the badge with the start time, hv1's does not, and
+    the VM's downs read as expected rather than red. Then hv2's node exporter stops (the reboot):
+    the card reads DOWN, not red, and still in maintenance."""
+    started = int(time.time()) - 25 * 60
+    textfiles = tmp_path / "textfile"
+    textfiles.mkdir()
+    write_textfile(textfiles, "mlinfra_hypervisor_maintenance.prom", maintenance_textfile("hv2", started))
+    write_textfile(textfiles, "mlinfra_vm_state.prom", 'mlinfra_vm_state{domain="gpu-vm"} 5\n')
+    port = free_port()
+    hv2 = Proc("hv2-node-exporter", [
+        BINARIES["node_exporter"], "--web.listen-address=%s:%d" % (LOCAL, port),
+        "--collector.textfile.directory=%s" % textfiles], tmp_path)
+    try:
+        url = "http://%s:%d/metrics" % (LOCAL, port)
+        wait_for("hv2's node exporter", lambda: hv2.alive() and urllib.request.urlopen(url, timeout=5).status == 200,
+                 timeout=30, diagnostics=hv2.tail)
+        prom = start_prometheus([("%s:%d" % (LOCAL, port), {"host": "hv2", "role": "hypervisor"})],
+                                down_node_targets=[("%s:%d" % (LOCAL, free_port()), {"host": "gpu-vm", "role": "gpu_worker"})])
+        check_maintenance(browser, prom, hv2, started)
+    finally:
+        hv2.stop()
+
+
+def check_maintenance(driver, prom: Prometheus, hv2: Proc, started: int) -> None:
+    driver.get(prom.url + "/user/index.html")
+
+    def page_state():
+        return driver.find_element(By.TAG_NAME, "body").text[:3000]
+
+    def shown(card):
+        found = card.find_elements(By.CSS_SELECTOR, ".hv-maintenance")
+        return found[0] if found and found[0].is_displayed() else None
+
+    hv2_card = wait_for("hv2's card", lambda: driver.find_element(By.CSS_SELECTOR, '.host-card[data-host="hv2"]'),
+                        diagnostics=page_state)
+    badge = wait_for("the maintenance badge on hv2", lambda: shown(hv2_card), diagnostics=page_state)
+    hv1_card = driver.find_element(By.CSS_SELECTOR, '.host-card[data-host="hv1"]')
+    assert shown(hv1_card) is None, hv1_card.text
+    assert "in-maintenance" not in hv1_card.get_attribute("class")
+    # The browser runs on this machine, in its time zone: the start time as the page's clock shows it.
+    since = time.strftime("%H:%M", time.localtime(started))
+    assert badge.text in ("maintenance since %s (25 min)" % since, "maintenance since %s (26 min)" % since), badge.text
+    assert badge.get_attribute("data-since") == str(started)
+    assert hv2_card.find_element(By.CSS_SELECTOR, ".host-state").text == "UP"
+    assert "is-down" not in hv2_card.get_attribute("class")
+    assert len(driver.find_elements(By.CSS_SELECTOR, ".hv-maintenance")) == 2   # one per hypervisor card, hv1's hidden
+
+    vm = wait_for("VM gpu-vm on hv2", lambda: driver.find_element(By.CSS_SELECTOR, '.vm-row[data-vm="gpu-vm"]'),
+                  diagnostics=page_state)
+    note = wait_for("the VM's node exporter scraped as down", lambda: vm.find_element(By.CSS_SELECTOR, ".vm-maintenance")
+                    if "down" in vm.find_element(By.CSS_SELECTOR, ".vm-agent").text else None, diagnostics=page_state)
+    assert note.is_displayed() and note.text.startswith("expected: hypervisor in maintenance · maintenance since "), note.text
+    assert vm.find_element(By.CSS_SELECTOR, ".vm-state").text == "shut off"
+    assert "on hv2" in vm.find_element(By.CSS_SELECTOR, ".vm-facts").text
+    agent_badge = vm.find_element(By.CSS_SELECTOR, ".vm-agent .badge")
+    assert agent_badge.text == "down" and "badge-warn" in agent_badge.get_attribute("class"), agent_badge.get_attribute("class")
+    assert "is-down" not in vm.get_attribute("class")
+    test_vm = driver.find_element(By.CSS_SELECTOR, '.vm-row[data-vm="test"]')
+    assert not test_vm.find_element(By.CSS_SELECTOR, ".vm-maintenance").is_displayed()
+    summary = driver.find_element(By.CSS_SELECTOR, ".topbar .summary")
+    assert "2 hypervisors, 1 in maintenance" in summary.text, summary.text
+    save_full_page(driver, artifacts_dir() / "dashboard-integration-maintenance.png")
+
+    # The reboot: hv2 is no longer scraped, its marker with it; its last scrape saw the marker.
+    hv2.stop()
+    state = hv2_card.find_element(By.CSS_SELECTOR, ".host-state")
+    wait_for("hv2 DOWN after its node exporter stopped", lambda: state.text == "DOWN", timeout=45, interval=0.5,
+             diagnostics=page_state)
+    assert "badge-warn" in state.get_attribute("class"), state.get_attribute("class")
+    assert "is-down" not in hv2_card.get_attribute("class")
+    assert shown(hv2_card) is not None and shown(hv2_card).text.startswith("maintenance since %s (" % since)
+    assert "2 hypervisors, 1 in maintenance" in driver.find_element(By.CSS_SELECTOR, ".topbar .summary").text
+    severe = [m for m in console_messages(driver) if m.get("level") == "SEVERE"]
+    assert not severe, severe

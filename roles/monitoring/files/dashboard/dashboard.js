@@ -495,8 +495,57 @@
 
   const HV = 'job="node",role="hypervisor"';
 
+  /**
+   * Hypervisors in maintenance (playbooks/hypervisor_maintenance.yml writes the textfile metric
+   * mlinfra_hypervisor_maintenance 1 and its start time on the hypervisor's node exporter and
+   * removes it when done): host -> {since}. A hypervisor that is down now (rebooting) counts as
+   * in maintenance when the marker was there at its last successful scrape in the window; one
+   * whose marker was gone while it was still up has finished, whatever it does since.
+   * Shared by the hypervisor and VM sections: one set of queries per refresh.
+   */
+  const maintenanceByWindow = new WeakMap();
+
+  function loadMaintenance(win) {
+    if (!maintenanceByWindow.has(win)) maintenanceByWindow.set(win, queryMaintenance(win));
+    return maintenanceByWindow.get(win);
+  }
+
+  async function queryMaintenance(win) {
+    const [up, marker, start] = await Promise.all([
+      range(`up{${HV}}`, win),
+      range(`max by (host, instance) (mlinfra_hypervisor_maintenance{${HV}})`, win),
+      range(`max by (host, instance) (mlinfra_hypervisor_maintenance_start_timestamp_seconds{${HV}})`, win),
+    ]);
+    const host = (l) => l.host || l.instance;
+    const markerBy = byKey(marker, host);
+    const startBy = byKey(start, host);
+    const result = new Map();
+    for (const [name, u] of byKey(up, host)) {
+      const m = markerBy.get(name);
+      if (!m) continue;
+      // The last step at which the hypervisor was scraped: the marker as that scrape saw it.
+      let i = u.values.length - 1;
+      while (i >= 0 && u.values[i] !== 1) i -= 1;
+      if (i < 0 || m.values[i] !== 1) continue;
+      const s = startBy.get(name);
+      const since = s ? (s.values[i] !== null ? s.values[i] : s.last) : null;
+      result.set(name, { since: isNum(since) && since > 0 ? since : null });
+    }
+    return result;
+  }
+
+  /** "maintenance since 14:05 (25 min)"; the start time in the browser's clock, 24-hour. */
+  function fmtMaintenance(m) {
+    if (!m.since) return 'maintenance';
+    const d = new Date(m.since * 1000);
+    const minutes = Math.max(0, Math.floor((Date.now() / 1000 - m.since) / 60));
+    const age = minutes < 120 ? minutes + ' min' : Math.floor(minutes / 60) + ' h ' + pad2(minutes % 60) + ' min';
+    return 'maintenance since ' + pad2(d.getHours()) + ':' + pad2(d.getMinutes()) + ' (' + age + ')';
+  }
+
   async function loadHypervisors(win) {
-    const [up, cpu, mem, memTotal, cpus, boot, fsSize, fsAvail] = await Promise.all([
+    const [maintenance, up, cpu, mem, memTotal, cpus, boot, fsSize, fsAvail] = await Promise.all([
+      loadMaintenance(win),
       range(`up{${HV}}`, win),
       range(`100 * (1 - avg by (host) (rate(node_cpu_seconds_total{${HV},mode="idle"}[${win.rate}])))`, win),
       range(`100 * (1 - sum by (host) (node_memory_MemAvailable_bytes{${HV}}) / sum by (host) (node_memory_MemTotal_bytes{${HV}}))`, win),
@@ -525,6 +574,7 @@
           cpus: (cpusBy.get(name) || {}).value,
           boot: (bootBy.get(name) || {}).value,
           mounts: mounts.get(name) || [],
+          maintenance: maintenance.get(name) || null,
         };
       })
       .sort((a, b) => a.name.localeCompare(b.name));
@@ -558,7 +608,8 @@
   function makeHostCard() {
     const card = h('article', { class: 'card host-card' },
       h('div', { class: 'card-head' },
-        h('span', { class: 'card-title' }), h('span', { class: 'badge' }), h('span', { class: 'card-sub' })),
+        h('span', { class: 'card-title' }), h('span', { class: 'badge host-state' }),
+        h('span', { class: 'badge badge-info hv-maintenance', hidden: true }), h('span', { class: 'card-sub' })),
       h('div', { class: 'charts charts-4' },
         chartSlot({ title: 'Scrape up', format: (v) => (v === null ? '–' : v >= 1 ? 'up' : 'down'), axisFormat: (v) => (v >= 1 ? 'up' : v <= 0 ? 'down' : ''), min: 0, max: 1.05, stepped: true }),
         chartSlot(pctChart('CPU busy')),
@@ -572,14 +623,25 @@
     const isUp = host.up.last === 1;
     card.dataset.host = host.name;
     setText(card.querySelector('.card-title'), host.name);
-    setBadge(card.querySelector('.card-head .badge'), host.up.last === null ? 'unknown' : isUp ? 'UP' : 'DOWN',
-      host.up.last === null ? 'off' : isUp ? 'ok' : 'bad');
+    const inMaintenance = Boolean(host.maintenance);
+    // Down in maintenance (a reboot) is expected: not red.
+    setBadge(card.querySelector('.host-state'), host.up.last === null ? 'unknown' : isUp ? 'UP' : 'DOWN',
+      host.up.last === null ? 'off' : isUp ? 'ok' : inMaintenance ? 'warn' : 'bad');
+    const maint = card.querySelector('.hv-maintenance');
+    maint.hidden = !inMaintenance;
+    setText(maint, inMaintenance ? fmtMaintenance(host.maintenance) : '');
+    maint.title = inMaintenance && host.maintenance.since
+      ? 'playbooks/hypervisor_maintenance.yml started ' + fmtIso(host.maintenance.since)
+        + '; its alerts are silenced in Alertmanager' : '';
+    if (inMaintenance && host.maintenance.since) maint.dataset.since = String(host.maintenance.since);
+    else delete maint.dataset.since;
+    card.classList.toggle('in-maintenance', inMaintenance);
     const facts = [];
     if (isNum(host.cpus)) facts.push(host.cpus + ' CPUs');
     if (isNum(host.memTotal)) facts.push(fmtBytes(host.memTotal) + ' RAM');
     if (isNum(host.boot)) facts.push('booted ' + fmtAgo(host.boot));
     setText(card.querySelector('.card-sub'), facts.join(' · '));
-    card.classList.toggle('is-down', !isUp);
+    card.classList.toggle('is-down', !isUp && !inMaintenance);
 
     const slots = card.querySelectorAll('.chart');
     drawChart(slots[0], [{ label: 'up', values: host.up.values, color: '#3fb950' }]);
@@ -618,7 +680,11 @@
     const parts = sectionParts('sec-hypervisors');
     setNote(parts, model.hosts.length ? '' : 'No hypervisor is scraped (job="node", role="hypervisor").', 'muted');
     syncKeyed(parts.list, model.hosts, (x) => x.name, makeHostCard, updateHostCard);
-    return { hypervisors: model.hosts.length, hypervisorsDown: model.hosts.filter((x) => x.up.last !== 1).length };
+    return {
+      hypervisors: model.hosts.length,
+      hypervisorsDown: model.hosts.filter((x) => x.up.last !== 1 && !x.maintenance).length,
+      hypervisorsMaintenance: model.hosts.filter((x) => x.maintenance).length,
+    };
   }
 
   // ------------------------------------------------------------------ section: VMs
@@ -627,7 +693,8 @@
 
   async function loadVms(win) {
     const perDomain = (metric) => `sum by (host, domain) (rate(${metric}{${LV}}[${win.rate}]))`;
-    const [states, allStates, vcpus, memory, nodeUp, cpu, rd, wr, rx, tx] = await Promise.all([
+    const [maintenance, states, allStates, vcpus, memory, nodeUp, cpu, rd, wr, rx, tx] = await Promise.all([
+      loadMaintenance(win),
       instant(`libvirt_domain_state_code{${LV}}`),
       // Every domain libvirt defines, running or not (the hypervisor's mlinfra-vm-state
       // collector): the libvirt exporter publishes running domains only.
@@ -673,6 +740,7 @@
     for (const [name, agent] of agents) {
       if (!inLibvirt.has(name)) vms.push({ key: 'node/' + name, name, hypervisor: null, state: null, agent });
     }
+    for (const vm of vms) vm.maintenance = vm.hypervisor ? maintenance.get(vm.hypervisor) || null : null;
     vms.sort((a, b) => a.name.localeCompare(b.name) || String(a.hypervisor).localeCompare(String(b.hypervisor)));
     return { vms };
   }
@@ -683,7 +751,8 @@
     const info = h('div', { class: 'vm-info' },
       h('div', { class: 'card-head' }, h('span', { class: 'card-title vm-name' }), h('span', { class: 'badge vm-state' })),
       h('div', { class: 'vm-facts' }),
-      h('div', { class: 'vm-agent' }));
+      h('div', { class: 'vm-agent' }),
+      h('div', { class: 'vm-maintenance', hidden: true }));
     const charts = vm.state === null
       ? h('p', { class: 'vm-note muted', text: 'Scraped by the node job, but no scraped hypervisor\'s libvirt defines a '
         + 'domain of this name: it runs elsewhere, or its hypervisor\'s libvirt exporter is not scraped.' })
@@ -697,10 +766,19 @@
   function updateVmRow(row, vm) {
     row.dataset.vm = vm.name;
     setText(row.querySelector('.vm-name'), vm.name);
-    const [label, kind] = vm.state === null ? ['not in libvirt', 'off']
+    const [label, stateKind] = vm.state === null ? ['not in libvirt', 'off']
       : DOMAIN_STATES[vm.state] || ['state ' + vm.state, 'warn'];
+    // On a hypervisor in maintenance a VM that is not running is what the playbook does (drained,
+    // shut down for the reboot): it reads as expected, never as a failure.
+    const expected = Boolean(vm.maintenance) && vm.state !== 1;
+    const kind = expected && stateKind === 'bad' ? 'warn' : stateKind;
     setBadge(row.querySelector('.vm-state'), label, kind);
     row.classList.toggle('is-down', kind === 'bad');
+    row.classList.toggle('in-maintenance', Boolean(vm.maintenance));
+    const note = row.querySelector('.vm-maintenance');
+    note.hidden = !vm.maintenance;
+    setText(note, !vm.maintenance ? ''
+      : (expected ? 'expected: hypervisor in maintenance' : 'hypervisor in maintenance') + ' · ' + fmtMaintenance(vm.maintenance));
 
     const facts = [];
     if (vm.hypervisor) facts.push('on ' + vm.hypervisor);
@@ -711,7 +789,8 @@
     const agent = row.querySelector('.vm-agent');
     agent.replaceChildren();
     if (vm.agent) {
-      agent.append('node exporter ', badge(vm.agent.value === 1 ? 'up' : 'down', vm.agent.value === 1 ? 'ok' : 'bad'));
+      const agentUp = vm.agent.value === 1;
+      agent.append('node exporter ', badge(agentUp ? 'up' : 'down', agentUp ? 'ok' : expected ? 'warn' : 'bad'));
     } else {
       agent.append(h('span', { class: 'muted', text: 'node exporter not scraped' }));
     }
@@ -1391,8 +1470,9 @@
     const chip = (text, kind, title) => chips.push(h('span', { class: 'chip chip-' + kind, text, title }));
     // A section whose query failed reports nothing: its chip is left out rather than wrong.
     if ('hypervisors' in s) {
-      chip(plural(s.hypervisors, 'hypervisor') + (s.hypervisorsDown ? ', ' + s.hypervisorsDown + ' down' : ''),
-        s.hypervisorsDown ? 'bad' : 'ok');
+      chip(plural(s.hypervisors, 'hypervisor') + (s.hypervisorsDown ? ', ' + s.hypervisorsDown + ' down' : '')
+        + (s.hypervisorsMaintenance ? ', ' + s.hypervisorsMaintenance + ' in maintenance' : ''),
+        s.hypervisorsDown ? 'bad' : s.hypervisorsMaintenance ? 'warn' : 'ok');
     }
     if ('vms' in s) {
       chip(s.vmsRunning + '/' + s.vms + ' VMs running' + (s.vmsUnmanaged ? ', +' + s.vmsUnmanaged + ' not defined in a scraped libvirt' : ''),
