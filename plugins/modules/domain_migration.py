@@ -24,7 +24,8 @@ description:
   - "B(Preflight) before anything moves: the destination has the domain's networks (active, when the domain
     will run there) and, for every disk, either a storage pool where the copy lands (same path; the pool of the
     same name for a volume disk) with room for it, or the disk itself at the same path (a disk that is not
-    copied: read-only, shareable, on a shared pool such as netfs or rbd, or O(copy_storage=none)); enough free
+    copied: read-only, shareable, on a shared pool such as netfs or rbd, or O(copy_storage=none)) and, for a copied
+    disk, no volume at its path there (unless O(stale_disks=replace) may remove it); enough free
     memory for a domain that will run there; a CPU that can run the domain's (libvirt's
     C(compareHypervisorCPU) with the domain's CPU; modes C(host-passthrough) and C(maximum) cannot be
     compared and are reported as a warning); no domain of that name or UUID; and, cold, host devices that
@@ -38,6 +39,9 @@ description:
     it did (the copy on the destination undefined, the volumes it made removed) and starts the domain on
     the source again. Volumes made on the destination for a failed live migration are removed. The
     failure names what was done, what was undone and the domain's state on the source.
+  - "B(A killed move) (after the domain reached the destination, before the source's images were removed) leaves
+    those images on the source: moving the domain back is refused until they are removed, or with
+    O(stale_disks=replace), which removes them first when nothing there uses them."
   - After a move with copied disks, the source's images of those disks are removed (O(remove_source_disks)),
     except one another domain of the source uses or one outside the source's storage pools (a warning says so).
   - Progress cannot be streamed by a module; the job's statistics (memory and disk data remaining, the
@@ -78,7 +82,8 @@ options:
       - A disk of type C(volume) (a pool and a volume name) is copied only whole during a live migration, since libvirt
         cannot pre-create it for an incremental copy; V(auto) is then V(all), and V(incremental) is refused.
       - The destination's volumes are created by the module before the copy (libvirt cannot pre-create an
-        incremental one); a volume already at that path is refused (it would be overwritten).
+        incremental one); a volume already at that path is refused (it would be overwritten), unless
+        O(stale_disks=replace).
       - "A cold move copies each image file as it is (always the top image): its backing image must be on the
         destination."
     type: str
@@ -114,6 +119,24 @@ options:
         With V(false) they stay, stale, on the source.
     type: bool
     default: true
+  stale_disks:
+    description:
+      - What the preflight does when the destination already has a volume at the path of a disk that is copied
+        (a stale image, for example the one a move killed before O(remove_source_disks) ran left on the host the
+        domain now comes back to).
+      - V(refuse) stops the move, naming the disk and the path; nothing is changed.
+      - "V(replace) removes that volume on the destination before the copy, only when it is in an active storage pool
+        there (libvirt deletes it), that pool is not of a shared type (netfs, gluster, rbd, iSCSI...), no domain
+        defined there uses it (running or not; the live and the persistent definitions are read) and no volume
+        there has it as its backing image. Otherwise the move is still refused, naming the domain or the volume
+        that uses it. RV(actions) names each volume removed; check mode predicts the removal and removes nothing."
+      - "Use V(replace) only where the image at the destination is known to be a stale copy of this domain's
+        (as the record of the collection's hypervisor maintenance playbook proves), and never where both hosts
+        share the storage through a plain directory pool (an NFS mount, say): the volume there would be the very
+        image the domain runs on. Set O(copy_storage=none) for shared storage."
+    type: str
+    choices: [refuse, replace]
+    default: refuse
   hostdevs:
     description:
       - For a cold move of a domain with PCI host devices, the devices it gets on the destination, in the

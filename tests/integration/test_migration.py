@@ -328,3 +328,53 @@ def test_past_the_timeout_the_job_is_aborted_and_the_domain_keeps_running_on_the
     assert dom.isActive() and lookup(second, name) is None
     assert not hv2.path_here(str(path)).exists(), "the volume made for the copy is removed again"
     assert has_pattern(path)
+
+
+def test_a_stale_image_left_by_a_killed_move_blocks_the_move_back_until_stale_disks_replace(env):
+    # A move killed after the domain reached the second hypervisor, before it removed the source's
+    # image, is remove_source_disks: false: the host keeps the image the domain left behind.
+    host, second, hv2 = env["host"], env["second"], env["hv2"]
+    name = "%sstale" % env["prefix"]
+    path = disk_in(host, env["pool"], "stale.qcow2")
+    dom = host.defineXML(domain_xml(name, [path], env["network"]))
+    dom.create()
+    uuid = dom.UUIDString()
+    away = run_module_process("domain_migration", {"name": name, "dest_uri": hv2.uri, "migration_uri": hv2.migration_uri,
+                                                   "remove_source_disks": False, "timeout": 300})
+    assert not away["failed"] and away["mode"] == "live", away
+    assert lookup(host, name) is None and path.exists(), "the source's image stays, stale"
+    # Mark the stale image: what comes back must be the domain's disk from the second hypervisor.
+    assert qemu_io(path, "write -P 0x11 0 1M").returncode == 0
+    back = {"name": name, "uri": hv2.uri, "dest_uri": hv2.host_uri, "migration_uri": hv2.host_migration_uri,
+            "timeout": 300}
+
+    for check in (True, False):
+        refused = run_module_process("domain_migration", back, check=check)
+        assert refused["failed"] and refused["changed"] is False, refused
+        assert len(refused["problems"]) == 1, refused["problems"]
+        assert "already has a volume at that path" in refused["problems"][0] and str(path) in refused["problems"][0]
+        assert "stale_disks: replace" in refused["problems"][0]
+
+    replace = dict(back, stale_disks="replace")
+    removal = ("remove the destination's stale volume %s in pool %s before the copy (disk vda, stale_disks: replace)"
+               % (path, env["pool"]))
+    predicted = run_module_process("domain_migration", replace, check=True)
+    assert not predicted["failed"] and predicted["changed"] is True and predicted["mode"] == "live", predicted
+    assert predicted["actions"][0] == removal, predicted["actions"]
+    assert any("is used by no domain there: removed before the copy" in line for line in predicted["preflight"])
+    still = qemu_io(path, "read -P 0x11 0 1M")
+    assert still.returncode == 0 and "verification failed" not in still.stdout + still.stderr, "check mode removed nothing"
+    assert lookup(second, name).isActive() and lookup(host, name) is None
+
+    began = time.monotonic()
+    moved = run_module_process("domain_migration", replace)
+    print("moved back over the stale image in %.1f s: %s" % (time.monotonic() - began, moved.get("actions")))
+    assert not moved["failed"] and moved["changed"] is True and moved["mode"] == "live", moved
+    assert moved["actions"] == predicted["actions"], "check mode predicts what the real run does"
+    home = lookup(host, name)
+    assert home is not None and home.isActive() and home.UUIDString() == uuid and lookup(second, name) is None
+    assert has_pattern(path), "the domain's own disk came back over the stale image"
+    assert not hv2.path_here(str(path)).exists(), "the second hypervisor's copy is removed"
+
+    again = run_module_process("domain_migration", replace)
+    assert not again["failed"] and again["changed"] is False and again["mode"] == "none", again

@@ -52,6 +52,8 @@ ABORT_WAIT_S = 60     # how long an aborted migration may take to give up
 # a host or [IPv6] and an optional port, nothing else (it is passed to libvirt as it is).
 MIGRATION_URI_RE = re.compile(r"^(tcp|rdma)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*)(:\d{1,5})?$")
 COPY_MODES = ("auto", "all", "incremental", "none")
+# What the preflight does with a volume the destination already has at a copied disk's path.
+STALE_DISKS = ("refuse", "replace")
 
 
 def argument_spec() -> Dict[str, Any]:
@@ -65,6 +67,7 @@ def argument_spec() -> Dict[str, Any]:
         allow_cold=dict(type="bool", default=False),
         shutdown_timeout=dict(type="int", default=120),
         remove_source_disks=dict(type="bool", default=True),
+        stale_disks=dict(type="str", choices=list(STALE_DISKS), default="refuse"),
         # The selector grammar and suboptions of mlinfra.kvm.domain's hostdevs, declared once there.
         **option_specs((DOMAIN_FIELDS["hostdevs"],)),
     )
@@ -202,6 +205,10 @@ def validate_request(params: Dict[str, Any], src_uri: str) -> List[Tuple[Any, bo
     if params["max_downtime_ms"] is not None:
         params["max_downtime_ms"] = int_range("max_downtime_ms", params["max_downtime_ms"], 1, 600000,
                                               "the pause allowed at the switch-over; QEMU's default is 300")
+    if params.get("stale_disks", "refuse") not in STALE_DISKS:
+        raise InvalidInputError("stale_disks", params["stale_disks"], "is not one of %s" % ", ".join(STALE_DISKS),
+                                "give refuse (the default: a volume at a copied disk's path on the destination stops "
+                                "the move) or replace (it is removed first when no domain there uses it)")
     params["timeout"] = int_range("timeout", params["timeout"], 1, 86400, "seconds for the whole move")
     params["shutdown_timeout"] = int_range("shutdown_timeout", params["shutdown_timeout"], 1, 3600,
                                            "seconds the guest may take to shut down cleanly")
@@ -226,9 +233,11 @@ class MigrationRunner(ObjectRunner):
         self.progress: List[str] = []
         self.downtime_ms: Optional[int] = None
         self.undone: List[str] = []
+        self.replaced: List[str] = []  # the destination's stale volumes removed (stale_disks: replace)
         self.selectors: List[Tuple[Any, bool]] = []
         self.dest_hostdevs: List[Dict[str, Any]] = []
         self._pools: Dict[str, List[Dict[str, Any]]] = {}
+        self._dest_users: Optional[Dict[str, str]] = None  # path -> domain of the destination using it
 
     # -- validation ----------------------------------------------------------------------------
     def validate(self) -> None:
@@ -264,6 +273,7 @@ class MigrationRunner(ObjectRunner):
         for line in check.notes:
             self.module.warn(line)
         autostart = self.service.source.autostart(src_dom)
+        self.replace_stale(disks["plan"])
         if mode == "live":
             self.move_live(src_dom, disks["plan"], disks["copy_storage"])
         else:
@@ -426,6 +436,7 @@ class MigrationRunner(ObjectRunner):
 
     def check_storage(self, check: Preflight, disks: Dict[str, Any], mode: str) -> None:
         needed: Dict[str, int] = {}
+        freed: Dict[str, int] = {}  # pool -> bytes the removal of stale volumes gives back
         for disk in disks["plan"]:
             where = "disk %s (%s)" % (disk["target"], disk["path"] or "network")
             if disk["type"] == "network":
@@ -452,10 +463,11 @@ class MigrationRunner(ObjectRunner):
             disk["dest"] = {"pool": pool["name"], "name": disk["volume"] if disk["type"] == "volume"
                             else os.path.basename(disk["path"])}
             if self.on_dest(disk):
-                check.refuse("%s: the destination already has a volume at that path, which the copy would overwrite: "
-                             "remove it there if it is a stale copy (mlinfra.kvm.volume state=absent), or set "
-                             "copy_storage: none if both hosts share this storage" % where)
-                continue
+                stale = self.stale_volume(check, disk, where)
+                if stale is None:
+                    continue
+                disk["replace"] = stale
+                freed[stale["pool"]] = freed.get(stale["pool"], 0) + (stale.get("allocation") or 0)
             if disk["action"] == "copy-top" and not disk["backing_on_dest"]:
                 check.refuse("%s has the backing image %s, which the destination lacks at that path: put it there (in a "
                              "pool at the same path)%s" % (where, disk["backing"], "" if mode == "cold" else
@@ -464,19 +476,70 @@ class MigrationRunner(ObjectRunner):
             size = self.copy_size(disk)
             if size is not None:
                 needed[pool["name"]] = needed.get(pool["name"], 0) + size
-            check.ok("%s: %s into pool %s on the destination (%s)" % (
+            check.ok("%s: %s into pool %s on the destination (%s)%s" % (
                 where, "the top image is copied" if disk["action"] == "copy-top" else "copied whole", pool["name"],
-                human(size)))
+                human(size), ", replacing the stale volume there" if disk.get("replace") else ""))
         for pool in self.dest_pools():
             want = needed.get(pool["name"])
             if want is None or pool["available"] is None:
                 continue
-            if want > pool["available"]:
+            available = pool["available"] + freed.get(pool["name"], 0)
+            if want > available:
                 check.refuse("storage pool %s on the destination has %s available, the copied disks need about %s: free "
-                             "space there or use another pool" % (pool["name"], human(pool["available"]), human(want)))
+                             "space there or use another pool" % (pool["name"], human(available), human(want)))
             else:
                 check.ok("storage pool %s on the destination has %s available for %s" % (
-                    pool["name"], human(pool["available"]), human(want)))
+                    pool["name"], human(available), human(want)))
+
+    def stale_volume(self, check: Preflight, disk: Dict[str, Any], where: str) -> Optional[Dict[str, Any]]:
+        """The destination's volume at a copied disk's path, when option stale_disks lets the move
+        remove it first: it is in an active storage pool there (libvirt can delete it), no domain
+        defined there uses it (running or not) and no volume there is layered on it. Otherwise the
+        refusal that names why; None."""
+        if self.params["stale_disks"] != "replace":
+            check.refuse("%s: the destination already has a volume at that path, which the copy would overwrite: "
+                         "remove it there if it is a stale copy (mlinfra.kvm.volume state=absent, or stale_disks: "
+                         "replace to let this move remove it when no domain there uses it), or set copy_storage: none "
+                         "if both hosts share this storage" % where)
+            return None
+        found = self.dest_volume(disk)
+        pool = {p["name"]: p for p in self.dest_pools()}.get(found["pool"]) if found else None
+        if found is None or pool is None or not pool["active"]:
+            check.refuse("%s: the destination has something at that path outside its active storage pools, which "
+                         "libvirt cannot remove (stale_disks: replace removes only a volume of an active pool): "
+                         "remove it there by hand if it is a stale copy" % where)
+            return None
+        if pool["type"] in SHARED_POOL_TYPES:
+            check.refuse("%s: the destination's volume at that path is in pool %s of type %s, storage both hosts may "
+                         "share (it may be the very image the domain runs on): stale_disks: replace does not remove it; "
+                         "set copy_storage: none if it is shared, else remove it there by hand"
+                         % (where, pool["name"], pool["type"]))
+            return None
+        if self._dest_users is None:
+            self._dest_users = self.service.domain_paths("dest", self.params["name"])
+        user = self._dest_users.get(found["path"])
+        if user is not None:
+            check.refuse("%s: the destination's volume at that path is used by domain %s there, so it is no stale copy "
+                         "and stale_disks: replace does not remove it: check which copy is current, then undefine %s "
+                         "there or give it another disk" % (where, user, user))
+            return None
+        layered = self.service.backing_users("dest", found["path"])
+        if layered:
+            check.refuse("%s: the destination's volume at that path is the backing image of %s there, so stale_disks: "
+                         "replace does not remove it: remove or rebase those first" % (where, ", ".join(layered)))
+            return None
+        check.ok("%s: the destination's volume at that path (pool %s) is used by no domain there: removed before the "
+                 "copy (stale_disks: replace)" % (where, pool["name"]))
+        return found
+
+    def dest_volume(self, disk: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The destination's volume where a copied disk lands (name, pool, path, allocation)."""
+        path = disk["path"]
+        if disk["type"] == "volume" and disk["pool"] and disk["volume"]:
+            path = self.service.volume_path("dest", disk["pool"], disk["volume"])
+            if path is None:
+                return None
+        return self.service.volume_at("dest", os.path.normpath(path))
 
     def on_dest(self, disk: Dict[str, Any]) -> bool:
         """Whether the destination already has the disk: the volume of the same pool and name for a
@@ -578,6 +641,18 @@ class MigrationRunner(ObjectRunner):
             else:
                 check.ok("PCI device %s on the destination is free and its IOMMU group is bound to vfio-pci" % address)
         self.dest_hostdevs = [{"address": a, "managed": m} for a, m in sorted(wanted.items())]
+
+    # -- stale volumes on the destination -------------------------------------------------------
+    def replace_stale(self, plan: List[Dict[str, Any]]) -> None:
+        """Remove the destination's stale volumes the preflight let stale_disks: replace remove,
+        before anything else moves (check mode records it only)."""
+        for disk in plan:
+            stale = disk.get("replace")
+            if stale:
+                self.tracker.act("remove the destination's stale volume %s in pool %s before the copy (disk %s, "
+                                 "stale_disks: replace)" % (stale["path"], stale["pool"], disk["target"]),
+                                 self.service.delete_volume_in, "dest", stale["pool"], stale["name"])
+                self.replaced.append(stale["path"])
 
     # -- live ----------------------------------------------------------------------------------
     def move_live(self, dom: Any, plan: List[Dict[str, Any]], copy_storage: str) -> None:
@@ -713,6 +788,10 @@ class MigrationRunner(ObjectRunner):
             err.details["undone"] = list(self.undone)
             err.msg = "%s; undone: %s" % (err.msg, "; ".join(self.undone))
         err.msg = "%s. Domain %s is %s on the source (%s)" % (err.msg, name, state, self.src_uri)
+        if self.replaced:
+            err.details["replaced"] = list(self.replaced)
+            err.msg = "%s; the destination's stale volume%s %s had been removed before (stale_disks: replace)" % (
+                err.msg, "s" if len(self.replaced) > 1 else "", ", ".join(self.replaced))
         if self.progress:
             err.details.setdefault("progress", self.progress)
 

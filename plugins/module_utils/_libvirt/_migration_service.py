@@ -102,19 +102,40 @@ class MigrationService:
         return {"capacity": int(capacity), "allocation": int(allocation), "physical": int(physical)}
 
     def domain_paths(self, which: str, exclude: str) -> Dict[str, str]:
-        """Disk path -> name of a domain on that side, other than ``exclude``, that uses it: a
-        volume another domain uses is never deleted."""
+        """Disk path -> name of a domain on that side (running or not), other than ``exclude``,
+        that uses it: a volume another domain uses is never deleted. Both definitions of a running
+        domain are read (a disk attached live is in its live one only, with the backing chain
+        libvirt found), and a disk of type volume counts by the path of its pool's volume."""
         found: Dict[str, str] = {}
         conn = self.side(which)
         for dom in call("listing the domains of %s" % self.uri(which), conn.listAllDomains, 0):
             if dom.name() == exclude:
                 continue
-            root = parse(call("reading the XML of %s" % dom.name(), dom.XMLDesc, libvirt.VIR_DOMAIN_XML_INACTIVE))
-            for source in root.findall("devices/disk/source"):
-                path = source.get("file") or source.get("dev")
-                if path:
-                    found[os.path.normpath(path)] = dom.name()
+            roots = [parse(call("reading the XML of %s" % dom.name(), dom.XMLDesc, libvirt.VIR_DOMAIN_XML_INACTIVE))]
+            if call("reading the state of %s" % dom.name(), dom.isActive):
+                roots.append(parse(call("reading the XML of %s" % dom.name(), dom.XMLDesc, 0)))
+            for root in roots:
+                for source in root.findall("devices/disk//source"):
+                    path = source.get("file") or source.get("dev")
+                    if not path and source.get("pool") and source.get("volume"):
+                        path = self.volume_path(which, source.get("pool"), source.get("volume"))
+                    if path:
+                        found[os.path.normpath(path)] = dom.name()
         return found
+
+    def backing_users(self, which: str, path: str) -> List[str]:
+        """The volumes of a side's active pools whose backing image is ``path``: an image another
+        one is layered on is never deleted."""
+        users = []
+        conn = self.side(which)
+        for pool in call("listing the storage pools of %s" % self.uri(which), conn.listAllStoragePools,
+                         libvirt.VIR_CONNECT_LIST_STORAGE_POOLS_ACTIVE):
+            for vol in call("listing the volumes of storage pool %s" % pool.name(), pool.listAllVolumes, 0):
+                root = parse(call("reading volume %s" % vol.name(), vol.XMLDesc, 0))
+                backing = root.findtext("backingStore/path")
+                if backing and os.path.normpath(backing) == path:
+                    users.append(call("reading the path of volume %s" % vol.name(), vol.path))
+        return sorted(users)
 
     # ------------------------------------------------------------------ destination facts
     def network_state(self, name: str) -> Optional[bool]:

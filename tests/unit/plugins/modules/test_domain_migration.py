@@ -115,3 +115,15 @@ def test_allow_cold_checks_the_hostdevs_on_the_destination():
 def test_hostdevs_are_refused_for_a_live_migration():
     result = migrate(hostdevs=[{"vendor": "10de", "device": "2335"}])
     assert result["failed"] and "option hostdevs" in result["msg"] and "applies to a cold move only" in result["msg"]
+
+
+def test_an_unknown_stale_disks_value_is_refused_naming_the_option_the_value_and_the_choices():
+    result = migrate(dest_uri="qemu+tcp://192.0.2.1/system", stale_disks="overwrite")
+    assert result["failed"] and not result.get("changed"), result
+    assert "stale_disks" in result["msg"] and "overwrite" in result["msg"] and "refuse, replace" in result["msg"], result
+
+
+def test_check_mode_with_stale_disks_replace_and_nothing_stale_plans_the_same_move():
+    # replace only matters where the destination has a volume at a copied disk's path
+    plain, replace = migrate(check=True), migrate(check=True, stale_disks="replace")
+    assert not replace["failed"] and replace["actions"] == plain["actions"] and replace["preflight"] == plain["preflight"]
