@@ -479,7 +479,9 @@ def test_the_slurm_node_of_a_domain_that_stops_is_drained_its_job_awaited_and_re
     job runs, shuts its domain down only after the job ended (sacct's end time, and every poll during
     the run), starts it again and resumes the node (idle, no Reason). The second node, drained by
     someone else, is neither drained nor resumed (its Reason stays); a domain whose node Slurm does
-    not know is shut down with a note."""
+    not know is shut down with a note. A job that outlasts the timeout fails the run before anything
+    is shut down; the rerun finds the node recorded and drained with this maintenance's Reason, does
+    not drain it again, finishes and resumes it."""
     second, prefix = site["second"], site["prefix"]
     stays, theirs, unknown = prefix + "stays", prefix + "theirs", prefix + "nonode"
     second.defineXML(domain_xml(stays, [], site["network"])).create()
@@ -560,10 +562,41 @@ def test_the_slurm_node_of_a_domain_that_stops_is_drained_its_job_awaited_and_re
         assert all(lookup(second, name).isActive() for name in (stays, theirs, unknown))
         assert not (site["state_dir"] / "hv2.json").exists()
         assert slurm_node(cluster, other) == ("drained", "memory test"), "someone else's drain is left as it is"
-        deadline = time.monotonic() + 30
-        while slurm_node(cluster, node) != ("idle", ""):
-            assert time.monotonic() < deadline, "node not idle without a Reason: %s" % (slurm_node(cluster, node),)
-            time.sleep(0.2)
+        wait_idle(cluster, node)
+
+        # A job that outlasts hypervisor_maintenance_job_timeout: the run fails naming the node and the
+        # job, shuts nothing down, and leaves the node drained and in the record.
+        job = cluster.slurm("sbatch", "--parsable", "-p", "gpu", "-A", "team-a", "-w", node, "--wrap", "sleep 120").strip()
+        failed = play(site, dict(evars, hypervisor_maintenance_job_timeout=2), rc=2)
+        (refused,) = [r for r in failed["tasks"]["Assert no job runs on the Slurm nodes of the domains that stop"]]
+        assert refused["_status"] == "fatal" and "Jobs still run on the Slurm nodes ['%s', '%s'] after 2 s" % (node, other) in refused["msg"], refused
+        assert re.search(r"'%s RUNNING root wrap on %s'" % (job, node), refused["msg"]), refused["msg"]
+        assert not [t for t in failed["tasks"] if t.startswith(MIGRATIONS)], "no move or shutdown was run"
+        assert all(lookup(second, name).isActive() for name in (stays, theirs, unknown)), "nothing shut down"
+        assert slurm_node(cluster, node) == ("draining", SLURM_REASON)
+        assert json.loads((site["state_dir"] / "hv2.json").read_text())["slurm_drained"] == [node]
+        cluster.slurm("scancel", job)
+
+        # The rerun finds the node in the record, drained with this maintenance's Reason: not drained
+        # again (no change); it drains the rest and resumes the node.
+        record_file = site["state_dir"] / "hv2.json"
+        rerun = play(site, evars)
+        (plan,) = debug_messages(rerun, "Report the Slurm nodes of the domains that stop")
+        assert "drains []" in plan and "already drained by this maintenance: ['%s']" % node in plan, plan
+        assert results_of(rerun, "Drain the Slurm nodes") == []
+        (resumed,) = results_of(rerun, "Resume the Slurm nodes")
+        assert resumed["_item"] == node and resumed["_status"] == "changed", resumed
+        assert record_of(rerun)["slurm_drained"] == [node] and record_of(rerun)["slurm_resumed"] == [node]
+        assert not record_file.exists()
+        assert slurm_node(cluster, other) == ("drained", "memory test")
+        wait_idle(cluster, node)
+
+
+def wait_idle(cluster: Cluster, node: str) -> None:
+    deadline = time.monotonic() + 30
+    while slurm_node(cluster, node) != ("idle", ""):
+        assert time.monotonic() < deadline, "node not idle without a Reason: %s" % (slurm_node(cluster, node),)
+        time.sleep(0.2)
 
 
 def test_inventory_lists_the_domains_of_both_hypervisors(site, tmp_path):
