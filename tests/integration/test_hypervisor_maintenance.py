@@ -8,7 +8,9 @@ running domains onto ``this`` (the first other host of the group), and brings th
 
 What is real: both daemons, libvirt's peer-to-peer live migration and the disk copy over the veth,
 the domain module's shutdown and start, Alertmanager's API (a process of this test on a free
-loopback port, with its own storage). What is not: a guest with a PCI host device (this machine has
+loopback port, with its own storage), and for the Slurm drain a Slurm cluster of tests/slurm_cluster.py
+(slurmctld, slurmdbd, a slurmd per node), reached through a third inventory host with a local
+connection. What is not: a guest with a PCI host device (this machine has
 none to pass through), so the GPU path's cold move is proven by the module's own tests only; the
 domain that stays behind is shut down by force (a SeaBIOS-only guest does not answer ACPI).
 """
@@ -465,6 +467,12 @@ def slurm_node(cluster: Cluster, node: str) -> Tuple[str, str]:
     return state.rstrip("*~#!%$@^-"), "" if reason == "none" else reason
 
 
+def submit(cluster: Cluster, node: str, seconds: int, tmp: Path) -> str:
+    """A batch job of ``seconds`` on ``node`` (its output under ``tmp``); its id."""
+    return cluster.slurm("sbatch", "--parsable", "--partition", "gpu", "--account", "team-a", "--nodelist", node,
+                         "--output", str(tmp / "job-%j.out"), "--wrap", "sleep %d" % seconds).strip()
+
+
 def debug_messages(run: Dict[str, Any], task_start: str) -> List[str]:
     return [r["msg"] for name, results in run["tasks"].items() if name.startswith(task_start)
             for r in results if "msg" in r]
@@ -512,7 +520,7 @@ def test_the_slurm_node_of_a_domain_that_stops_is_drained_its_job_awaited_and_re
         assert slurm_node(cluster, node) == ("idle", ""), "check mode drains nothing"
         assert lookup(second, stays).isActive() and not site["state_dir"].exists()
 
-        job = cluster.slurm("sbatch", "--parsable", "-p", "gpu", "-A", "team-a", "-w", node, "--wrap", "sleep 15").strip()
+        job = submit(cluster, node, 15, tmp_path)
         deadline = time.monotonic() + 30
         while cluster.slurm("squeue", "--noheader", "-j", job, "-o", "%T").strip() != "RUNNING":
             assert time.monotonic() < deadline, "job %s did not start" % job
@@ -566,10 +574,11 @@ def test_the_slurm_node_of_a_domain_that_stops_is_drained_its_job_awaited_and_re
 
         # A job that outlasts hypervisor_maintenance_job_timeout: the run fails naming the node and the
         # job, shuts nothing down, and leaves the node drained and in the record.
-        job = cluster.slurm("sbatch", "--parsable", "-p", "gpu", "-A", "team-a", "-w", node, "--wrap", "sleep 120").strip()
+        job = submit(cluster, node, 120, tmp_path)
         failed = play(site, dict(evars, hypervisor_maintenance_job_timeout=2), rc=2)
-        (refused,) = [r for r in failed["tasks"]["Assert no job runs on the Slurm nodes of the domains that stop"]]
-        assert refused["_status"] == "fatal" and "Jobs still run on the Slurm nodes ['%s', '%s'] after 2 s" % (node, other) in refused["msg"], refused
+        (refused,) = failed["tasks"]["Assert no job runs on the Slurm nodes of the domains that stop"]
+        assert refused["_status"] == "fatal", refused
+        assert "Jobs still run on the Slurm nodes ['%s', '%s'] after 2 s" % (node, other) in refused["msg"], refused
         assert re.search(r"'%s RUNNING root wrap on %s'" % (job, node), refused["msg"]), refused["msg"]
         assert not [t for t in failed["tasks"] if t.startswith(MIGRATIONS)], "no move or shutdown was run"
         assert all(lookup(second, name).isActive() for name in (stays, theirs, unknown)), "nothing shut down"
