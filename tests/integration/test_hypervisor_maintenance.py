@@ -8,7 +8,9 @@ running domains onto ``this`` (the first other host of the group), and brings th
 
 What is real: both daemons, libvirt's peer-to-peer live migration and the disk copy over the veth,
 the domain module's shutdown and start, Alertmanager's API (a process of this test on a free
-loopback port, with its own storage). What is not: a guest with a PCI host device (this machine has
+loopback port, with its own storage), and for the Slurm drain a Slurm cluster of tests/slurm_cluster.py
+(slurmctld, slurmdbd, a slurmd per node), reached through a third inventory host with a local
+connection. What is not: a guest with a PCI host device (this machine has
 none to pass through), so the GPU path's cold move is proven by the module's own tests only; the
 domain that stays behind is shut down by force (a SeaBIOS-only guest does not answer ACPI).
 """
@@ -31,6 +33,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from slurm_cluster import Cluster
 from test_inventory import inventory
 from test_migration import disk_in, domain_xml, env, has_pattern, hv2, lookup  # noqa: F401  # pylint: disable=unused-import  # env, hv2: fixtures
 
@@ -222,7 +225,8 @@ def test_empty_hypervisor_moves_nothing_and_reuses_an_active_silence(site):
     for task in MIGRATIONS:
         assert results_of(run, task) == [], task
     assert record_of(run) == {"hypervisor": "hv2", "destination": "this", "started": record_of(run)["started"],
-                              "silence_id": left, "live": [], "cold": [], "stopped": []}
+                              "silence_id": left, "live": [], "cold": [], "stopped": [],
+                              "slurm_drained": [], "slurm_resumed": []}
     after = {s["id"]: s for s in am.silences_of("hv2")}
     assert set(after) == before, "no second silence"
     assert after[left]["status"]["state"] == "expired"
@@ -454,6 +458,154 @@ def marker(started: int) -> bytes:
             "# HELP mlinfra_hypervisor_maintenance_start_timestamp_seconds When that maintenance began (Unix time).\n"
             "# TYPE mlinfra_hypervisor_maintenance_start_timestamp_seconds gauge\n"
             'mlinfra_hypervisor_maintenance_start_timestamp_seconds{hypervisor="hv2"} %d\n' % started).encode()
+
+
+def slurm_node(cluster: Cluster, node: str) -> Tuple[str, str]:
+    """The node's state (sinfo's, without its flags) and Reason ('' when none)."""
+    out = cluster.slurm("sinfo", "--noheader", "--Node", "--nodes", node, "--format", "%T|%E").splitlines()
+    state, reason = out[0].split("|", 1)
+    return state.rstrip("*~#!%$@^-"), "" if reason == "none" else reason
+
+
+def submit(cluster: Cluster, node: str, seconds: int, tmp: Path) -> str:
+    """A batch job of ``seconds`` on ``node`` (its output under ``tmp``); its id."""
+    return cluster.slurm("sbatch", "--parsable", "--partition", "gpu", "--account", "team-a", "--nodelist", node,
+                         "--output", str(tmp / "job-%j.out"), "--wrap", "sleep %d" % seconds).strip()
+
+
+def debug_messages(run: Dict[str, Any], task_start: str) -> List[str]:
+    return [r["msg"] for name, results in run["tasks"].items() if name.startswith(task_start)
+            for r in results if "msg" in r]
+
+
+SLURM_REASON = "mlinfra.kvm: maintenance of hypervisor hv2"
+
+
+def test_the_slurm_node_of_a_domain_that_stops_is_drained_its_job_awaited_and_resumed(site, tmp_path):
+    """A real Slurm cluster (tests/slurm_cluster.py) whose nodes stand for the domains that are shut
+    down: check mode predicts the drain and drains nothing; the run drains the first node while its
+    job runs, shuts its domain down only after the job ended (sacct's end time, and every poll during
+    the run), starts it again and resumes the node (idle, no Reason). The second node, drained by
+    someone else, is neither drained nor resumed (its Reason stays); a domain whose node Slurm does
+    not know is shut down with a note. A job that outlasts the timeout fails the run before anything
+    is shut down; the rerun finds the node recorded and drained with this maintenance's Reason, does
+    not drain it again, finishes and resumes it."""
+    second, prefix = site["second"], site["prefix"]
+    stays, theirs, unknown = prefix + "stays", prefix + "theirs", prefix + "nonode"
+    second.defineXML(domain_xml(stays, [], site["network"])).create()
+    for name in (theirs, unknown):
+        second.defineXML(domain_xml(name, [], None)).create()
+    inv = yaml.safe_load(site["inventory"].read_text())
+    inv["all"]["hosts"] = {"slurmctl": {"ansible_connection": "local"}}
+    site["inventory"].write_text(yaml.safe_dump(inv))
+    with Cluster(tmp_path / "slurm", nodes=2) as cluster:
+        node, other = cluster.node_names
+        cluster.slurm("scontrol", "update", "NodeName=" + other, "State=DRAIN", "Reason=memory test")
+        evars = {"hypervisor_maintenance_stop_domains": [stays, theirs, unknown],
+                 "hypervisor_maintenance_shutdown_timeout": 1, "hypervisor_maintenance_shutdown_force": True,
+                 "hypervisor_maintenance_slurm_controller": "slurmctl", "hypervisor_maintenance_slurm_conf": cluster.conf,
+                 "hypervisor_maintenance_slurm_nodes": {stays: node, theirs: other},
+                 "hypervisor_maintenance_job_poll_interval": 1, "hypervisor_maintenance_job_timeout": 120}
+
+        predicted = play(site, evars, check=True)
+        (plan,) = debug_messages(predicted, "Report the Slurm nodes of the domains that stop")
+        assert "would drain ['%s']" % node in plan, plan
+        assert "another reason (waited for, left as they are): ['%s (drained: memory test)']" % other in plan, plan
+        assert "not known to Slurm (skipped): ['%s (%s)']" % (unknown, unknown) in plan, plan
+        assert not [t for t in predicted["changed"] if "Slurm" in t], predicted["changed"]
+        assert "skipping: [hv2] => (item=%s)" % node in predicted["stdout"], "check mode runs no scontrol update"
+        (resume,) = debug_messages(predicted, "Report the Slurm nodes resumed")
+        assert "would resume ['%s']" % node in resume, resume
+        assert record_of(predicted)["slurm_drained"] == [node]
+        assert slurm_node(cluster, node) == ("idle", ""), "check mode drains nothing"
+        assert lookup(second, stays).isActive() and not site["state_dir"].exists()
+
+        job = submit(cluster, node, 15, tmp_path)
+        deadline = time.monotonic() + 30
+        while cluster.slurm("squeue", "--noheader", "-j", job, "-o", "%T").strip() != "RUNNING":
+            assert time.monotonic() < deadline, "job %s did not start" % job
+            time.sleep(0.2)
+
+        argv, environ = command(site, evars)
+        log = tmp_path / "drain.log"
+        seen: List[Tuple[str, str, bool]] = []  # (job state, node state, domain active) per poll
+        stopped_at = None
+        recorded: Optional[Dict[str, Any]] = None  # the record, as first seen during the run
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(argv, cwd=str(ROOT), env=environ, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while proc.poll() is None:
+                assert time.monotonic() < deadline, "the run took over 300 s: " + log.read_text()[-4000:]
+                job_state = cluster.slurm("squeue", "--noheader", "-j", job, "-o", "%T").strip()
+                active = bool(lookup(second, stays).isActive())
+                seen.append((job_state, slurm_node(cluster, node)[0], active))
+                if not active and stopped_at is None:
+                    stopped_at = time.time()
+                if (site["state_dir"] / "hv2.json").exists() and recorded is None:
+                    recorded = json.loads((site["state_dir"] / "hv2.json").read_text())
+                time.sleep(0.2)
+        finally:
+            kill_run(proc)
+        applied = parse(log.read_text())
+        assert recorded is not None and recorded["slurm_drained"] == [node], "a killed run's next run resumes it: %s" % recorded
+        assert proc.returncode == 0, log.read_text()[-6000:]
+
+        assert ("RUNNING", "draining", True) in seen, "the node was drained while the job ran: %s" % seen
+        assert all(active for job_state, _, active in seen if job_state), "shut down while the job ran: %s" % seen
+        assert stopped_at is not None, "the domain was seen shut down during the run"
+        end, state = cluster.slurm("sacct", "--noheader", "--parsable2", "--allocations", "-j", job,
+                                   "-o", "End,State").splitlines()[0].split("|")
+        assert state == "COMPLETED", state
+        assert time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S")) <= stopped_at, (end, stopped_at)
+        (drained,) = results_of(applied, "Drain the Slurm nodes")
+        assert drained["_item"] == node and drained["_status"] == "changed" and drained["cmd"] == [
+            "scontrol", "update", "NodeName=" + node, "State=DRAIN", "Reason=" + SLURM_REASON], drained
+        (resumed,) = results_of(applied, "Resume the Slurm nodes")
+        assert resumed["_item"] == node and resumed["_status"] == "changed", resumed
+        record = record_of(applied)
+        assert sorted(record["stopped"]) == sorted([stays, theirs, unknown]), record
+        assert record["slurm_drained"] == [node] and record["slurm_resumed"] == [node], record
+        assert all(lookup(second, name).isActive() for name in (stays, theirs, unknown))
+        assert not (site["state_dir"] / "hv2.json").exists()
+        assert slurm_node(cluster, other) == ("drained", "memory test"), "someone else's drain is left as it is"
+        wait_idle(cluster, node)
+
+        # A job that outlasts hypervisor_maintenance_job_timeout: the run fails naming the node and the
+        # job, shuts nothing down, and leaves the node drained and in the record.
+        job = submit(cluster, node, 120, tmp_path)
+        failed = play(site, dict(evars, hypervisor_maintenance_job_timeout=2), rc=2)
+        (refused,) = failed["tasks"]["Assert no job runs on the Slurm nodes of the domains that stop"]
+        assert refused["_status"] == "fatal", refused
+        assert "Jobs still run on the Slurm nodes ['%s', '%s'] after 2 s" % (node, other) in refused["msg"], refused
+        assert re.search(r"'%s RUNNING root wrap on %s'" % (job, node), refused["msg"]), refused["msg"]
+        assert not [t for t in failed["tasks"] if t.startswith(MIGRATIONS)], "no move or shutdown was run"
+        assert all(lookup(second, name).isActive() for name in (stays, theirs, unknown)), "nothing shut down"
+        assert slurm_node(cluster, node) == ("draining", SLURM_REASON)
+        assert json.loads((site["state_dir"] / "hv2.json").read_text())["slurm_drained"] == [node]
+        cluster.slurm("scancel", job)
+
+        # The rerun finds the node in the record, drained with this maintenance's Reason: not drained
+        # again (no change); it drains the rest and resumes the node.
+        record_file = site["state_dir"] / "hv2.json"
+        rerun = play(site, evars)
+        (plan,) = debug_messages(rerun, "Report the Slurm nodes of the domains that stop")
+        assert "drains []" in plan and "already drained by this maintenance: ['%s']" % node in plan, plan
+        assert results_of(rerun, "Drain the Slurm nodes") == []
+        (resumed,) = results_of(rerun, "Resume the Slurm nodes")
+        assert resumed["_item"] == node and resumed["_status"] == "changed", resumed
+        assert record_of(rerun)["slurm_drained"] == [node] and record_of(rerun)["slurm_resumed"] == [node]
+        assert not record_file.exists()
+        assert slurm_node(cluster, other) == ("drained", "memory test")
+        wait_idle(cluster, node)
+
+
+def wait_idle(cluster: Cluster, node: str) -> None:
+    deadline = time.monotonic() + 30
+    while slurm_node(cluster, node) != ("idle", ""):
+        assert time.monotonic() < deadline, "node not idle without a Reason: %s" % (slurm_node(cluster, node),)
+        time.sleep(0.2)
 
 
 def test_inventory_lists_the_domains_of_both_hypervisors(site, tmp_path):
