@@ -110,6 +110,11 @@ class Alertmanager:
         matchers = [{"name": "host", "value": host, "isRegex": False, "isEqual": True}]
         return [s for s in self.api("/silences") if s["createdBy"] == "mlinfra.kvm" and s["matchers"] == matchers]
 
+    def guest_silences(self) -> List[Dict[str, Any]]:
+        """The silences mlinfra.kvm made for guests a maintenance stops (one regex matcher on host)."""
+        return [s for s in self.api("/silences") if s["createdBy"] == "mlinfra.kvm"
+                and [(m["name"], m["isRegex"]) for m in s["matchers"]] == [("host", True)]]
+
 
 @pytest.fixture(scope="module")
 def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alertmanager]:
@@ -225,7 +230,7 @@ def test_empty_hypervisor_moves_nothing_and_reuses_an_active_silence(site):
     for task in MIGRATIONS:
         assert results_of(run, task) == [], task
     assert record_of(run) == {"hypervisor": "hv2", "destination": "this", "started": record_of(run)["started"],
-                              "silence_id": left, "live": [], "cold": [], "stopped": [],
+                              "silence_id": left, "guest_silence_id": "", "live": [], "cold": [], "stopped": [],
                               "slurm_drained": [], "slurm_resumed": []}
     after = {s["id"]: s for s in am.silences_of("hv2")}
     assert set(after) == before, "no second silence"
@@ -260,6 +265,7 @@ def test_drains_hv2_onto_this_host_and_brings_everything_back(site):
              "hypervisor_maintenance_shutdown_force": True}
     prom = site["textfiles"]["hv2"] / "mlinfra_hypervisor_maintenance.prom"
     silences = {s["id"] for s in am.silences_of("hv2")}
+    guest_silences = {s["id"] for s in am.guest_silences()}
 
     def all_home() -> None:
         for name in (live, stays):
@@ -281,6 +287,7 @@ def test_drains_hv2_onto_this_host_and_brings_everything_back(site):
     assert results_of(predicted, "Migrate the domains with PCI") == []
     all_home()
     assert {s["id"] for s in am.silences_of("hv2")} == silences, "check mode makes no silence"
+    assert {s["id"] for s in am.guest_silences()} == guest_silences, "check mode makes no silence for the guests"
 
     applied = play(site, evars)
     record = record_of(applied)
@@ -296,6 +303,12 @@ def test_drains_hv2_onto_this_host_and_brings_everything_back(site):
     (silence,) = [s for s in am.silences_of("hv2") if s["id"] not in silences]
     assert silence["id"] == record["silence_id"] and silence["status"]["state"] == "expired", silence
     assert "hv2" in silence["comment"] and "this" in silence["comment"]
+    # The guest that was shut down had its own alerts (GuestDown carries its name) silenced, live
+    # moves not: one regex matcher on the stopped guests' names, expired when they are back.
+    (guests,) = [g for g in am.guest_silences() if g["id"] not in guest_silences]
+    assert guests["id"] == record["guest_silence_id"] and guests["status"]["state"] == "expired", guests
+    assert guests["matchers"] == [{"name": "host", "value": re.escape(stays), "isRegex": True, "isEqual": True}]
+    assert stays in guests["comment"] and live not in guests["comment"]
     (marked,) = [r for name, results in applied["tasks"].items() if name.startswith("Mark the maintenance")
                  for r in results]
     assert marked["dest"] == str(prom) and marked["checksum"] == hashlib.sha1(marker(record["started"])).hexdigest()
@@ -306,6 +319,7 @@ def test_drains_hv2_onto_this_host_and_brings_everything_back(site):
     all_home()
     assert has_pattern(hv.path_here(str(path)))
     assert all(s["status"]["state"] == "expired" for s in am.silences_of("hv2"))
+    assert all(s["status"]["state"] == "expired" for s in am.guest_silences())
 
 
 KILL_TIMEOUT_S = 120.0
