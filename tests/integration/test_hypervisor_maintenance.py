@@ -567,7 +567,7 @@ def test_the_slurm_node_of_a_domain_that_stops_is_drained_its_job_awaited_and_re
         assert proc.returncode == 0, log.read_text()[-6000:]
 
         assert ("RUNNING", "draining", True) in seen, "the node was drained while the job ran: %s" % seen
-        assert all(active for job_state, _, active in seen if job_state), "shut down while the job ran: %s" % seen
+        assert all(active for job_state, _node_state, active in seen if job_state), "shut down while the job ran: %s" % seen
         assert stopped_at is not None, "the domain was seen shut down during the run"
         end, state = cluster.slurm("sacct", "--noheader", "--parsable2", "--allocations", "-j", job,
                                    "-o", "End,State").splitlines()[0].split("|")
