@@ -28,7 +28,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -258,6 +258,22 @@ def gpu_worker_textfiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return textfiles
 
 
+def start_textfile_node_exporter(name: str, textfiles: Path, workdir: Path) -> Tuple[Proc, str]:
+    """A node exporter on a free loopback port whose textfile collector reads ``textfiles``,
+    returned once it answers (stopped again if it does not), with its address."""
+    port = free_port()
+    proc = Proc(name, [BINARIES["node_exporter"], "--web.listen-address=%s:%d" % (LOCAL, port),
+                       "--collector.textfile.directory=%s" % textfiles], workdir)
+    url = "http://%s:%d/metrics" % (LOCAL, port)
+    try:
+        wait_for(name, lambda: proc.alive() and urllib.request.urlopen(url, timeout=5).status == 200,
+                 timeout=30, diagnostics=proc.tail)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, "%s:%d" % (LOCAL, port)
+
+
 @pytest.fixture(scope="module")
 def gpu_worker(gpu_worker_textfiles: Path):
     """A second node exporter standing in for a GPU worker VM (its textfile carries DCGM series)."""
@@ -266,15 +282,9 @@ def gpu_worker(gpu_worker_textfiles: Path):
     write_textfile(textfiles, "dcgm.prom", dcgm_textfile())
     write_textfile(textfiles, "mlinfra_slurm_state.prom", SLURM_TEXTFILE)
     write_textfile(textfiles, COST_TEXTFILE, cost_runs_before(time.time()))
-    port = free_port()
-    proc = Proc("gpu-worker-node-exporter", [
-        BINARIES["node_exporter"], "--web.listen-address=%s:%d" % (LOCAL, port),
-        "--collector.textfile.directory=%s" % textfiles], workdir)
+    proc, address = start_textfile_node_exporter("gpu-worker-node-exporter", textfiles, workdir)
     try:
-        url = "http://%s:%d/metrics" % (LOCAL, port)
-        wait_for("gpu worker node exporter", lambda: proc.alive() and urllib.request.urlopen(url, timeout=5).status == 200,
-                 timeout=30, diagnostics=proc.tail)
-        yield "%s:%d" % (LOCAL, port)
+        yield address
     finally:
         proc.stop()
 
@@ -621,15 +631,9 @@ def test_dashboard_shows_hypervisor_maintenance(start_prometheus, browser, tmp_p
     textfiles.mkdir()
     write_textfile(textfiles, "mlinfra_hypervisor_maintenance.prom", maintenance_textfile("hv2", started))
     write_textfile(textfiles, "mlinfra_vm_state.prom", 'mlinfra_vm_state{domain="gpu-vm"} 5\n')
-    port = free_port()
-    hv2 = Proc("hv2-node-exporter", [
-        BINARIES["node_exporter"], "--web.listen-address=%s:%d" % (LOCAL, port),
-        "--collector.textfile.directory=%s" % textfiles], tmp_path)
+    hv2, address = start_textfile_node_exporter("hv2-node-exporter", textfiles, tmp_path)
     try:
-        url = "http://%s:%d/metrics" % (LOCAL, port)
-        wait_for("hv2's node exporter", lambda: hv2.alive() and urllib.request.urlopen(url, timeout=5).status == 200,
-                 timeout=30, diagnostics=hv2.tail)
-        prom = start_prometheus([("%s:%d" % (LOCAL, port), {"host": "hv2", "role": "hypervisor"})],
+        prom = start_prometheus([(address, {"host": "hv2", "role": "hypervisor"})],
                                 down_node_targets=[("%s:%d" % (LOCAL, free_port()), {"host": "gpu-vm", "role": "gpu_worker"})])
         check_maintenance(browser, prom, hv2, started)
     finally:
