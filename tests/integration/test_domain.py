@@ -8,8 +8,11 @@ apply, check again, apply again); every refusal leaves libvirt unchanged.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any, Dict
 
@@ -544,3 +547,45 @@ def test_refuses_a_disk_whose_chain_loops_or_is_a_fifo(env, run_module):
     refused(env, run_module, base(env, disks=[{"path": fifo, "format": "raw"}], allowed_paths=[str(images)]),
             "is a FIFO (named pipe), not a disk image")
     assert not _exists(env)
+
+
+def test_wait_for_ip_fails_at_once_when_qemu_crashes_and_a_rerun_starts_it(env, run_module):
+    """A guest whose emulator dies while the module waits for its address: the wait ends at the
+    next poll with the state libvirt gives (shut off, crashed), not after wait_for_ip_timeout;
+    the next run starts it, saying it was found crashed. The crash is real: QEMU gets the
+    SIGSEGV that a TCG fault gives it (the isolated network hands out no lease, so the wait lasts)."""
+    qemu_pid_file = Path("/run/libvirt/qemu/%s.pid" % env["vm"])
+    killed = {}
+
+    def crash_qemu_once_running() -> None:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and "pid" not in killed:
+            try:
+                if state_of(env) == libvirt.VIR_DOMAIN_RUNNING and qemu_pid_file.read_text().strip():
+                    time.sleep(2)  # the module is in its wait by now
+                    killed["pid"] = int(qemu_pid_file.read_text().strip())
+                    os.kill(killed["pid"], signal.SIGSEGV)
+                    return
+            except (libvirt.libvirtError, OSError, ValueError):
+                pass
+            time.sleep(0.5)
+
+    crasher = threading.Thread(target=crash_qemu_once_running, daemon=True)
+    crasher.start()
+    started = time.monotonic()
+    result = run_module("domain", base(env, state="running", wait_for_ip=True, wait_for_ip_timeout=600))
+    waited = time.monotonic() - started
+    crasher.join(10)
+    assert "pid" in killed, "QEMU of %s was never seen running" % env["vm"]
+    assert result["failed"], result
+    assert "stopped while waiting for its IPv4 address (option wait_for_ip)" in result["msg"], result
+    assert "shutoff (crashed)" in result["msg"] and "/var/log/libvirt/qemu/%s.log" % env["vm"] in result["msg"], result
+    assert result["changed"] is True, result  # it was defined and started before the wait
+    assert waited < 300, "the module waited %.0f s for a domain whose QEMU was gone" % waited
+    state, reason = env["conn"].lookupByName(env["vm"]).state()
+    assert (state, reason) == (libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_SHUTOFF_CRASHED)
+
+    # What the run after it says (its warning: tests/integration/test_fault_qemu.py).
+    again = run_module("domain", base(env, state="running"))
+    assert not again["failed"] and again["actions"] == ["start (it was shutoff: crashed)"], again
+    assert state_of(env) == libvirt.VIR_DOMAIN_RUNNING

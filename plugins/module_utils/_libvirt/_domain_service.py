@@ -304,11 +304,24 @@ class DomainService:
             found = [a for a in self.lease_addresses(dom) if a["type"] == "ipv4"]
             if found:
                 return found
+            self._fail_if_stopped_while_waiting(dom)
             if time.monotonic() >= deadline:
                 raise KvmError("domain %s got no IPv4 address from its networks' DHCP leases within "
                                "%s s (option wait_for_ip_timeout); check that the guest boots and "
                                "runs a DHCP client" % (dom.name(), timeout), name=dom.name())
             self.sleep(1.0)
+
+    def _fail_if_stopped_while_waiting(self, dom: Any) -> None:
+        """A domain that stopped (its QEMU crashed, the guest powered off) will get no address:
+        say so now rather than after wait_for_ip_timeout."""
+        state, reason = self.state_and_reason(dom)
+        if state in ("running", "blocked", "paused"):
+            return
+        why = unexpected_reason(dom.name(), state, reason) or (
+            "domain %s is %s%s" % (dom.name(), state, " (%s)" % reason if reason else ""))
+        again = "; running the task again starts it again" if state == "shutoff" else ""
+        raise KvmError("domain %s stopped while waiting for its IPv4 address (option wait_for_ip): %s%s"
+                       % (dom.name(), why, again), name=dom.name())
 
     def lease_map(self) -> Dict[str, List[Dict[str, Any]]]:
         """MAC -> DHCP leases over every active network: one call per network, however many
