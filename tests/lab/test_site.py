@@ -25,6 +25,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -54,6 +55,7 @@ WORKERS = ["mlinfra-worker-1", "mlinfra-worker-2"]
 TRAIN_PARAMS = {"epochs": 4, "lr": 0.003, "hidden": [64, 32], "dropout": 0.1, "batch_size": 0, "seed": 7,
                 "precision": "auto", "dist_timeout_s": 60}
 RANK_PROCESS = "-u code/train.py"  # torchrun starts each rank as `python -u code/train.py ...`
+LAB_VARS = Path(ROOT) / "inventories" / "lab" / "group_vars" / "all" / "lab.yml"
 
 
 def lab_fact_cache() -> Dict[str, str]:
@@ -128,7 +130,7 @@ def metrics(run: Dict) -> Dict[str, float]:
 
 def lab_pool_dirs() -> List[Path]:
     """The target directories of inventories/lab's pools (the VM disks live there)."""
-    lab_vars = yaml.safe_load((Path(ROOT) / "inventories" / "lab" / "group_vars" / "all" / "lab.yml").read_text())
+    lab_vars = yaml.safe_load(LAB_VARS.read_text())
     return [Path(pool["target"]) for pool in lab_vars["hypervisor_pools"] if pool.get("target")]
 
 
@@ -582,14 +584,19 @@ def test_monitoring_on_the_lab(lab, tmp_path):
     assert alert["labels"].get("pipeline") == "alert-drill", alert
     assert alert["labels"].get("host") == "mlinfra-worker-2", alert
     timings["stage_failed_alert_s"] = round(alert["seen_at"] - drill_start, 1)
+    # QEMU 7.2 under TCG occasionally segfaults in a guest's first seconds (docs/tests-and-ci.md):
+    # an emulator fault, not an alerting one, so the restarted worker may be started once more;
+    # any other stop fails at once with its console.
+    back = RestartedGuest("mlinfra-worker-1")
     poll("VMNotRunning resolved for mlinfra-worker-1",
-         lambda: alert_seen(tracking, "VMNotRunning", "resolved", logged_at_restart, domain="mlinfra-worker-1"),
+         lambda: back.still_running() and alert_seen(tracking, "VMNotRunning", "resolved", logged_at_restart,
+                                                     domain="mlinfra-worker-1"),
          LAB_SCRAPE_S * 3 + 240, every_s=5)
     timings["vm_down_alert_cleared_s"] = round(time.time() - restarted, 1)
     # Running (what the alert clears on) comes long before the guest's sshd and node exporter
     # answer under TCG: the worker is back when both do.
-    poll("mlinfra-worker-1 answering SSH after its restart",
-         lambda: ssh_answers(guest_address("mlinfra-worker-1")), 600, every_s=5)
+    back.wait_ssh(600)
+    timings["emulator_crashes"] = back.emulator_crashes
     poll("mlinfra-worker-1's node exporter scraped up again",
          lambda: node_target_up(base, "mlinfra-worker-1"), 3 * LAB_SCRAPE_S + 180, every_s=5)
     timings["vm_restart_ssh_and_scrape_s"] = round(time.time() - restarted, 1)
@@ -629,11 +636,70 @@ def assert_no_alert_on_a_healthy_lab(base: str) -> None:
     pytest.fail("alerts on a healthy lab (only the Watchdog may fire):\n" + json.dumps(last, indent=1))
 
 
-def ssh_answers(address: str) -> bool:
-    try:
-        return guest_ssh(address, "true", timeout=60).returncode == 0
-    except subprocess.TimeoutExpired:  # sshd half up: try again on the next poll
-        return False
+class RestartedGuest:
+    """A lab guest just started again by a test: is it still running, does it answer SSH; the
+    failure message carries what the guest last said (SSH's error, its state, its console)."""
+
+    def __init__(self, name: str, restarts_on_emulator_crash: int = 1):
+        self.name = name
+        self.restarts_left = restarts_on_emulator_crash
+        self.emulator_crashes = 0
+        self.last_ssh_error = ""
+
+    def console_tail(self, lines: int = 40) -> str:
+        path = Path(yaml.safe_load(LAB_VARS.read_text())["guest_state_dir"]) / ("%s-console.log" % self.name)
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as exc:
+            return "(no console log: %s)" % exc
+
+    def still_running(self) -> bool:
+        """True while the domain runs; starts it again after an emulator crash (once); fails on any
+        other stop."""
+        import libvirt
+        conn = libvirt.open("qemu:///system")
+        try:
+            dom = conn.lookupByName(self.name)
+            state, reason = dom.state()
+            if state == libvirt.VIR_DOMAIN_RUNNING:
+                return True
+            crashed = state == libvirt.VIR_DOMAIN_SHUTOFF and reason == libvirt.VIR_DOMAIN_SHUTOFF_CRASHED
+            if crashed and self.restarts_left > 0:
+                self.restarts_left -= 1
+                self.emulator_crashes += 1
+                sys.stderr.write("WARNING: QEMU crashed under %s after its restart (libvirt: shut off, crashed);"
+                                 " starting it once more\n--- console ---\n%s\n" % (self.name, self.console_tail()))
+                dom.create()
+                return False
+        finally:
+            conn.close()
+        pytest.fail("%s stopped after its restart (libvirt state %d, reason %d%s)\n--- console ---\n%s"
+                    % (self.name, state, reason, ", QEMU crashed" if crashed else "", self.console_tail()))
+
+    def answers_ssh(self) -> bool:
+        if not self.still_running():
+            return False
+        try:
+            address = guest_address(self.name)
+        except IndexError:
+            self.last_ssh_error = "no DHCP lease yet"
+            return False
+        try:
+            proc = guest_ssh(address, "true", timeout=60)
+        except subprocess.TimeoutExpired:  # sshd half up: try again on the next poll
+            self.last_ssh_error = "ssh %s: no answer within 60 s" % address
+            return False
+        self.last_ssh_error = "ssh %s: rc %d: %s" % (address, proc.returncode, proc.stderr.strip()[-600:])
+        return proc.returncode == 0
+
+    def wait_ssh(self, deadline_s: float) -> None:
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if self.answers_ssh():
+                return
+            time.sleep(5)
+        pytest.fail("%s did not answer SSH within %.0f s of its restart; last: %s\n--- console ---\n%s"
+                    % (self.name, deadline_s, self.last_ssh_error, self.console_tail()))
 
 
 def node_target_up(base: str, host: str) -> bool:
