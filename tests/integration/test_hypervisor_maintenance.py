@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -199,6 +200,13 @@ def results_of(run: Dict[str, Any], task_start: str) -> List[Dict[str, Any]]:
     return [r for r in found[0] if r["_item"] is not None]
 
 
+def task_results(run: Dict[str, Any], task_start: str) -> List[Dict[str, Any]]:
+    """Every result of the task whose name starts with ``task_start`` (a loop's items or its one result)."""
+    found = [results for name, results in run["tasks"].items() if name.startswith(task_start)]
+    assert len(found) == 1, (task_start, list(run["tasks"]))
+    return found[0]
+
+
 def record_of(run: Dict[str, Any]) -> Dict[str, Any]:
     (report,) = [r for name, results in run["tasks"].items() if name.startswith("Report the maintenance")
                  for r in results]
@@ -231,7 +239,7 @@ def test_empty_hypervisor_moves_nothing_and_reuses_an_active_silence(site):
         assert results_of(run, task) == [], task
     assert record_of(run) == {"hypervisor": "hv2", "destination": "this", "started": record_of(run)["started"],
                               "silence_id": left, "guest_silence_id": "", "live": [], "cold": [], "stopped": [],
-                              "slurm_drained": [], "slurm_resumed": []}
+                              "slurm_drained": [], "slurm_resumed": [], "slurm_not_back": []}
     after = {s["id"]: s for s in am.silences_of("hv2")}
     assert set(after) == before, "no second silence"
     assert after[left]["status"]["state"] == "expired"
@@ -474,6 +482,43 @@ def marker(started: int) -> bytes:
             'mlinfra_hypervisor_maintenance_start_timestamp_seconds{hypervisor="hv2"} %d\n' % started).encode()
 
 
+class SlurmdFollowsDomain:
+    """The slurmd of a namespace node lives and dies with a domain, as a GPU VM's does: killed when
+    the domain is seen off, started again `boot_s` after it is seen running (a VM's boot; longer than
+    what the playbook does after the start, so a run that does not wait ends before it), unless
+    `restart` is cleared. A thread polls libvirt while the block runs."""
+
+    def __init__(self, cluster: Cluster, node: str, conn: Any, domain: str, boot_s: float = 12.0):
+        self.cluster, self.node, self.conn, self.domain, self.boot_s = cluster, node, conn, domain, boot_s
+        self.restart = True
+        self.kills = self.starts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    def __enter__(self) -> "SlurmdFollowsDomain":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _follow(self) -> None:
+        up, running_since = True, None
+        while not self._stop.wait(0.2):
+            active = bool(lookup(self.conn, self.domain).isActive())
+            if not active and up:
+                self.cluster.kill_node(self.node)
+                up, running_since = False, None
+                self.kills += 1
+            elif active and not up and self.restart:
+                running_since = running_since or time.monotonic()
+                if time.monotonic() - running_since >= self.boot_s:
+                    self.cluster.start_node(self.node)
+                    up = True
+                    self.starts += 1
+
+
 def slurm_node(cluster: Cluster, node: str) -> Tuple[str, str]:
     """The node's state (sinfo's, without its flags) and Reason ('' when none)."""
     out = cluster.slurm("sinfo", "--noheader", "--Node", "--nodes", node, "--format", "%T|%E").splitlines()
@@ -499,11 +544,13 @@ def test_the_slurm_node_of_a_domain_that_stops_is_drained_its_job_awaited_and_re
     """A real Slurm cluster (tests/slurm_cluster.py) whose nodes stand for the domains that are shut
     down: check mode predicts the drain and drains nothing; the run drains the first node while its
     job runs, shuts its domain down only after the job ended (sacct's end time, and every poll during
-    the run), starts it again and resumes the node (idle, no Reason). The second node, drained by
+    the run), starts it again, resumes the node and ends only once the node's slurmd (killed with its
+    domain, started a few seconds after it) has registered again (idle, no Reason, as the run ends). The second node, drained by
     someone else, is neither drained nor resumed (its Reason stays); a domain whose node Slurm does
     not know is shut down with a note. A job that outlasts the timeout fails the run before anything
     is shut down; the rerun finds the node recorded and drained with this maintenance's Reason, does
-    not drain it again, finishes and resumes it."""
+    not drain it again, finishes and resumes it. A slurmd that does not come back fails the run at its
+    end, naming the node, with every domain back and the record gone."""
     second, prefix = site["second"], site["prefix"]
     stays, theirs, unknown = prefix + "stays", prefix + "theirs", prefix + "nonode"
     second.defineXML(domain_xml(stays, [], site["network"])).create()
@@ -512,7 +559,8 @@ def test_the_slurm_node_of_a_domain_that_stops_is_drained_its_job_awaited_and_re
     inv = yaml.safe_load(site["inventory"].read_text())
     inv["all"]["hosts"] = {"slurmctl": {"ansible_connection": "local"}}
     site["inventory"].write_text(yaml.safe_dump(inv))
-    with Cluster(tmp_path / "slurm", nodes=2) as cluster:
+    with Cluster(tmp_path / "slurm", nodes=2) as cluster, \
+            SlurmdFollowsDomain(cluster, cluster.node_names[0], second, stays) as follower:
         node, other = cluster.node_names
         cluster.slurm("scontrol", "update", "NodeName=" + other, "State=DRAIN", "Reason=memory test")
         evars = {"hypervisor_maintenance_stop_domains": [stays, theirs, unknown],
@@ -584,7 +632,13 @@ def test_the_slurm_node_of_a_domain_that_stops_is_drained_its_job_awaited_and_re
         assert all(lookup(second, name).isActive() for name in (stays, theirs, unknown))
         assert not (site["state_dir"] / "hv2.json").exists()
         assert slurm_node(cluster, other) == ("drained", "memory test"), "someone else's drain is left as it is"
-        wait_idle(cluster, node)
+        # Not waited for here: the run itself waited until the node's new slurmd registered. ("idle"
+        # alone would not show it: slurmctld lists a node whose slurmd just died as idle for a while.)
+        assert (follower.kills, follower.starts) == (1, 1), "the run ended before the node's slurmd was back"
+        assert slurm_node(cluster, node) == ("idle", "")
+        assert record["slurm_not_back"] == [], record
+        (waited,) = task_results(applied, "Wait until the slurmd of each resumed Slurm node registered again")
+        assert waited["_status"] == "ok" and waited["attempts"] >= 1, waited
 
         # A job that outlasts hypervisor_maintenance_job_timeout: the run fails naming the node and the
         # job, shuts nothing down, and leaves the node drained and in the record.
@@ -612,7 +666,20 @@ def test_the_slurm_node_of_a_domain_that_stops_is_drained_its_job_awaited_and_re
         assert record_of(rerun)["slurm_drained"] == [node] and record_of(rerun)["slurm_resumed"] == [node]
         assert not record_file.exists()
         assert slurm_node(cluster, other) == ("drained", "memory test")
-        wait_idle(cluster, node)
+        assert slurm_node(cluster, node) == ("idle", "")
+
+        # A slurmd that does not come back with its domain: the maintenance finishes (domains back,
+        # record gone), then fails naming the node; slurmctld lists it as not responding.
+        follower.restart = False
+        lost = play(site, dict(evars, hypervisor_maintenance_slurmd_timeout=3), rc=2)
+        (refused,) = task_results(lost, "Assert the slurmd of every resumed Slurm node registered again")
+        assert refused["_status"] == "fatal", refused
+        assert re.search(r"the resumed Slurm nodes \['%s \([A-Z_+*]+, slurmd started [0-9T:-]+\)'\] did not register "
+                         r"with slurmctld on slurmctl within 3 s" % node, refused["msg"]), refused["msg"]
+        assert record_of(lost)["slurm_not_back"] and not record_file.exists(), record_of(lost)
+        assert all(lookup(second, name).isActive() for name in (stays, theirs, unknown))
+        assert not [t for t in lost["tasks"] if t.startswith("Fail naming what was moved")], "the restore itself succeeded"
+        follower.restart = True
 
 
 def wait_idle(cluster: Cluster, node: str) -> None:
