@@ -1,13 +1,15 @@
-"""The two read-only libvirt reports, in-process on libvirt's test driver (test:///default, a fresh
-in-memory libvirt per connection): _domain_info (domain_info) and _snapshot_info (snapshot_info).
-Against a real libvirtd they are tested by tests/integration/test_domain_info.py and test_snapshot.py."""
+"""What the libvirt layer reads, in-process on libvirt's test driver (test:///default, an in-memory
+libvirt shared by the connections of one process, where no network hands out leases): the two
+read-only reports, _domain_info (domain_info) and _snapshot_info (snapshot_info), and the domain
+modules' wait for an address (DomainService.wait_for_ip). Against a real libvirtd they are tested by
+tests/integration/test_domain_info.py, test_snapshot.py and test_domain.py (a real QEMU crash)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError  # noqa: E402
+from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import InvalidInputError, KvmError  # noqa: E402
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_info import (  # noqa: E402
     DomainInfoReader, argument_spec as domain_info_spec, stats_report)
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_service import DomainService  # noqa: E402
@@ -115,3 +117,53 @@ def test_a_missing_domain_or_bad_name_is_refused_naming_the_option(conn: Any, do
     with pytest.raises(InvalidInputError) as err:
         snapshot_info(conn, domain, name)
     assert err.value.details["option"] == option
+
+
+# -- wait_for_ip ---------------------------------------------------------------------------------
+@pytest.fixture
+def dom(conn: Any) -> Iterator[Any]:
+    """A running domain without a network interface: no lease will ever name it."""
+    domain = conn.defineXML("<domain type='test'><name>mlkvm-no-lease</name><memory unit='MiB'>64</memory>"
+                            "<os><type>hvm</type></os></domain>")
+    domain.create()
+    yield domain
+    if domain.isActive():
+        domain.destroy()
+    domain.undefine()
+
+
+def service_counting_sleeps(conn: Any, sleeps: List[float]) -> DomainService:
+    return DomainService(conn, TEST_URI, sleep=sleeps.append)
+
+
+def test_a_domain_destroyed_while_waiting_fails_at_once_naming_its_state(conn: Any, dom: Any) -> None:
+    dom.destroy()
+    sleeps: List[float] = []
+    with pytest.raises(KvmError) as raised:
+        service_counting_sleeps(conn, sleeps).wait_for_ip(dom, 3600)
+    message = str(raised.value)
+    assert "domain mlkvm-no-lease stopped while waiting for its IPv4 address (option wait_for_ip)" in message
+    assert "shutoff (destroyed)" in message and "starts it again" in message
+    assert sleeps == []  # not one poll interval spent on a domain that cannot get an address
+
+
+def test_a_running_domain_without_a_lease_waits_until_the_timeout(conn: Any, dom: Any) -> None:
+    sleeps: List[float] = []
+    with pytest.raises(KvmError) as raised:
+        service_counting_sleeps(conn, sleeps).wait_for_ip(dom, 0)
+    assert "got no IPv4 address from its networks' DHCP leases within 0 s" in str(raised.value)
+    assert "stopped" not in str(raised.value)
+
+
+def test_a_domain_that_stops_during_the_wait_fails_on_the_next_poll(conn: Any, dom: Any) -> None:
+    sleeps: List[float] = []
+
+    def stop_on_first_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 1:
+            dom.destroy()
+
+    with pytest.raises(KvmError) as raised:
+        DomainService(conn, TEST_URI, sleep=stop_on_first_sleep).wait_for_ip(dom, 3600)
+    assert "stopped while waiting" in str(raised.value)
+    assert sleeps == [1.0]
