@@ -738,14 +738,23 @@ class MigrationRunner(ObjectRunner):
         the last poll and the abort (a poll can wait behind a busy QEMU monitor): then libvirt
         refuses the abort because the domain has already left the source, the call returns
         successfully, and the domain runs on the destination. That is a completed migration,
-        reported as one, never a failure whose undo would remove the disk it now runs on."""
+        reported as one, never a failure whose undo would remove the disk it now runs on.
+
+        libvirt also refuses an abort that comes before the migration call has begun its job on
+        a loaded host ("no job is active on the domain"): while the call runs on, the abort is
+        asked again every poll, up to ABORT_WAIT_S, so that such a move is aborted as the timeout
+        says rather than left to finish (seen in CI: a 3 s timeout, a move that then ran a minute)."""
         def abort() -> None:
-            try:
-                self.service.abort_job(dom)
-            except KvmError:
-                if job.wait(ABORT_WAIT_S) and job.succeeded():
-                    return
-                raise
+            give_up = self.monotonic() + ABORT_WAIT_S
+            while True:
+                try:
+                    self.service.abort_job(dom)
+                    break
+                except KvmError:
+                    if job.wait(POLL_S):
+                        return  # the call returned: completed, or failed (the caller tells which)
+                    if self.monotonic() > give_up:
+                        raise
             job.wait(ABORT_WAIT_S)
 
         self.tracker.act("abort the migration job (past the timeout of %d s)" % self.params["timeout"], abort)

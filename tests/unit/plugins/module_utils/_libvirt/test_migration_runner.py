@@ -196,6 +196,30 @@ def test_a_job_that_completes_as_the_abort_comes_is_a_completed_move_and_keeps_t
     assert conns["dst"].storageVolLookupByPath("/default-pool/mover.qcow2") is not None
 
 
+def test_an_abort_refused_before_the_job_began_is_asked_again_and_the_move_is_aborted(conns):
+    # On a loaded host the migration call may not have begun its job by the deadline: libvirt
+    # refuses that abort; asked again a poll later, it cancels the move as the timeout says.
+    runner = runner_for(conns, clock=Clock(5.0), timeout=20)
+    job = FakeJob(None)
+    runner.service.start_live_migration = lambda *args: job
+    runner.service.job_stats = lambda dom: STATS[0]
+    refusals = []
+
+    def abort_once_the_job_began(dom: Any) -> None:
+        if len(refusals) < 2:
+            refusals.append(dom.name())
+            raise KvmError("libvirt error while aborting the migration of mlkvmtest-mover: code 55: "
+                           "operation not valid: no job is active on the domain")
+        job.aborted = True
+
+    runner.service.abort_job = abort_once_the_job_began
+    with pytest.raises(KvmError) as caught:
+        runner.run()
+    assert len(refusals) == 2 and job.aborted
+    assert "did not finish within 20 s (option timeout) and was aborted" in caught.value.msg
+    assert caught.value.details["source_state"] == "running"
+
+
 def test_an_abort_that_fails_while_the_job_runs_on_fails_the_move_naming_both(conns):
     runner = runner_for(conns, clock=Clock(5.0), timeout=20)
     job = FakeJob(None)
