@@ -10,6 +10,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._domain_pci import NodeDevPci, SysfsPci
+from ._domain_read import ACTIVE_STATES
 from ._domain_spec import GUEST_AGENT_CHANNEL, MLINFRA_NS, MLINFRA_PREFIX, hostdev_addresses, metadata_element
 from .._core._errors import KvmError
 from ._connection import call, libvirt, lookup
@@ -315,7 +316,7 @@ class DomainService:
         """A domain that stopped (its QEMU crashed, the guest powered off) will get no address:
         say so now rather than after wait_for_ip_timeout."""
         state, reason = self.state_and_reason(dom)
-        if state in ("running", "blocked", "paused"):
+        if state in ACTIVE_STATES:
             return
         why = unexpected_reason(dom.name(), state, reason) or (
             "domain %s is %s%s" % (dom.name(), state, " (%s)" % reason if reason else ""))
