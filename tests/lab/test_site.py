@@ -477,15 +477,17 @@ def prometheus_get(base: str, path: str) -> Dict:
     return body["data"]
 
 
-def poll(what: str, probe, deadline_s: float, every_s: float = 3.0):
-    """probe() until it returns something truthy; fails with `what` and the last value."""
+def poll(what: str, probe, deadline_s: float, every_s: float = 3.0, diagnostics=None):
+    """probe() until it returns something truthy; fails with `what`, the last value and what
+    diagnostics() says, if given."""
     end, last = time.monotonic() + deadline_s, None
     while time.monotonic() < end:
         last = probe()
         if last:
             return last
         time.sleep(every_s)
-    pytest.fail("%s: not seen within %.0f s (last: %r)" % (what, deadline_s, last))
+    pytest.fail("%s: not seen within %.0f s (last: %r)%s"
+                % (what, deadline_s, last, "\n" + diagnostics() if diagnostics else ""))
 
 
 def notifications(address: str) -> List[Dict]:
@@ -693,13 +695,8 @@ class RestartedGuest:
         return proc.returncode == 0
 
     def wait_ssh(self, deadline_s: float) -> None:
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            if self.answers_ssh():
-                return
-            time.sleep(5)
-        pytest.fail("%s did not answer SSH within %.0f s of its restart; last: %s\n--- console ---\n%s"
-                    % (self.name, deadline_s, self.last_ssh_error, self.console_tail()))
+        poll("%s answering SSH after its restart" % self.name, self.answers_ssh, deadline_s, every_s=5,
+             diagnostics=lambda: "SSH's last error: %s\n--- console ---\n%s" % (self.last_ssh_error, self.console_tail()))
 
 
 def node_target_up(base: str, host: str) -> bool:
