@@ -135,7 +135,7 @@ recipe_hash() {
     for spec in "${VENV_BUNDLES[@]}"; do
       printf 'venv=%s bundle=%s size=%s\n' "${spec%%=*}" "$(basename "${spec#*=}")" "$(stat -c %s "${spec#*=}")"
     done
-    (cd "$HERE" && find files -type f -print0 | sort -z | xargs -0 sha256sum)
+    (cd "$HERE" && find files -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum)
   } | sha256sum | cut -d' ' -f1
 }
 RECIPE="$(recipe_hash)"
@@ -251,7 +251,7 @@ if [ -n "$EXTRAS" ]; then
   install_extra_packages
 fi
 
-step "configuring: fstab, eth0 DHCP, cloud-init NoCloud, locale, ssh host keys"
+step "configuring: fstab, eth0 DHCP, cloud-init NoCloud, locale, ssh host keys, payload bytecode"
 install -m 0644 "$HERE/files/fstab" "$ROOTFS/etc/fstab"
 install -m 0644 "$HERE/files/interfaces" "$ROOTFS/etc/network/interfaces"
 mkdir -p "$ROOTFS/etc/network/interfaces.d"
@@ -267,6 +267,9 @@ printf 'LANG=C.UTF-8\n' >"$ROOTFS/etc/default/locale"
 rm -f "$ROOTFS"/etc/ssh/ssh_host_*
 install -d -m 0755 "$ROOTFS/etc/systemd/system/ssh.service.d"
 install -m 0644 "$HERE/files/ssh-hostkeys.conf" "$ROOTFS/etc/systemd/system/ssh.service.d/10-mlkvm-hostkeys.conf"
+# Ansible's module payloads compile once per guest, not at every module run (the file says why).
+install -m 0644 "$HERE/files/mlkvm_payload_bytecode.py" "$ROOTFS/usr/lib/python3/dist-packages/mlkvm_payload_bytecode.py"
+install -m 0644 "$HERE/files/mlkvm-payload-bytecode.pth" "$ROOTFS/usr/lib/python3/dist-packages/mlkvm-payload-bytecode.pth"
 # A fresh machine-id per guest (systemd makes one at first boot when the file is empty).
 : >"$ROOTFS/etc/machine-id"
 rm -f "$ROOTFS/var/lib/dbus/machine-id"
