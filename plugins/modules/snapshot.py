@@ -170,26 +170,18 @@ actions:
   sample: ["create internal disk snapshot"]
 '''
 
-from typing import Any, Dict
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import Connection
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import object_runner
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._snapshot import argument_spec, run_snapshot
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._uri import is_local
 
 
 def main() -> None:
     module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True)
     fail_without_lxml(module)
-
-    def runner() -> Dict[str, Any]:
-        with Connection(module.params["uri"]) as conn:
-            return run_snapshot(module, conn.conn, is_local(conn.uri))
-
-    run(module, runner)
+    run(module, object_runner(module, run_snapshot))
 
 
 if __name__ == "__main__":

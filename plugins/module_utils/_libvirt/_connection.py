@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Optional, TypeVar
 from ansible.module_utils.basic import env_fallback
 
 from .._core._errors import KvmError, LibvirtCallError, error_of
+from ._uri import is_local
 
 try:
     import libvirt  # type: ignore
@@ -118,3 +119,16 @@ class Connection:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def object_runner(module: Any, run_object: Callable[[Any, Any, bool], Dict[str, Any]],
+                  precheck: Optional[Callable[[Dict[str, Any]], Any]] = None) -> Callable[[], Dict[str, Any]]:
+    """The runner of a module that changes one libvirt object: ``precheck(module.params)`` first,
+    so that bad input fails before libvirt is even contacted, then ``run_object(module, conn,
+    local)`` on one connection opened from the module's ``uri`` (``local``: :func:`is_local`)."""
+    def runner() -> Dict[str, Any]:
+        if precheck is not None:
+            precheck(module.params)
+        with Connection(module.params["uri"]) as connection:
+            return run_object(module, connection.conn, is_local(connection.uri))
+    return runner
