@@ -196,9 +196,11 @@ class SlurmCli:
                     "Start", "End")
 
     def accounting(self, job_id: str) -> Optional[Dict[str, str]]:
+        """The job's own record: the row whose JobID is ``job_id``, never one of its steps
+        (``ID.batch`` runs on the first node only, and would name that node alone)."""
         _rc, out, _err = self.run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
                                    "--format", ",".join(self.SACCT_FIELDS)])
-        rows = parse_pipe_table(out, [f.lower() for f in self.SACCT_FIELDS])
+        rows = [r for r in parse_pipe_table(out, [f.lower() for f in self.SACCT_FIELDS]) if r["jobid"] == job_id]
         return rows[0] if rows else None
 
     def steps(self, job_id: str) -> List[Dict[str, str]]:

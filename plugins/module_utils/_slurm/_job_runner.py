@@ -236,12 +236,17 @@ class SlurmJobRunner(ObjectRunner):
                 result.update(job_id=job["id"], actions=self.tracker.actions)
                 return result
             record = self._wait_accounted(job["id"])
+            # The queue read of a running job names every node it holds; the accounting's
+            # NodeList has been seen naming the first node alone under load, so what the job
+            # held when it was released is taken from the queue.
+            held = job["nodes"] if job["state"] == "RUNNING" else ""
         else:
             record = self.service.last_accounting_named(self.p["name"])
             if record is None:
                 raise KvmError("no job named %s is queued, running or in the accounting: nothing to release"
                                % self.p["name"])
-        result.update(self._accounted(record), actions=self.tracker.actions)
+            held = ""
+        result.update(self._accounted(record, held), actions=self.tracker.actions)
         self._log_to_mlflow(result)
         return result
 
@@ -257,12 +262,17 @@ class SlurmJobRunner(ObjectRunner):
                                % (job_id, (record or {}).get("state", "nothing"), job_id), job_id=job_id)
             self.sleep(min(self.p["poll_interval"], 2))
 
-    def _accounted(self, record: Dict[str, str]) -> Dict[str, Any]:
+    def _accounted(self, record: Dict[str, str], held: str = "") -> Dict[str, Any]:
+        """The result of a released job from its accounting record; ``held``, the nodes the queue
+        listed while it ran, wins over the record's NodeList."""
         elapsed = int(record.get("elapsedraw") or 0)
         gpus = tres_count(record.get("alloctres", ""), "gres/gpu")
         cpus = tres_count(record.get("alloctres", ""), "cpu")
+        nodes = self.service.expand_hostlist(held or record.get("nodelist", ""))
+        if held and held != record.get("nodelist", ""):
+            self.note("job %s held %s; its accounting lists %s" % (record["jobid"], held, record.get("nodelist") or "none"))
         return {"job_id": record["jobid"], "state": record["state"].split()[0], "account": record.get("account", ""),
-                "nodes": self.service.expand_hostlist(record.get("nodelist", "")), "elapsed_s": elapsed,
+                "nodes": nodes, "elapsed_s": elapsed,
                 "gpus": gpus, "gpu_hours": gpus * elapsed / 3600.0,
                 "cpu_hours": cpus * elapsed / 3600.0, "exit_code": record.get("exitcode", "")}
 

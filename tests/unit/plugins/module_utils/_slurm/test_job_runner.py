@@ -50,3 +50,63 @@ def test_the_job_spec_requires_a_name_and_knows_its_states():
     spec = _spec.slurm_job_spec()
     assert spec["name"]["required"] and spec["state"]["choices"] == ["running", "completed", "failed", "absent"]
     assert spec["mlflow"]["options"]["password"]["no_log"] and spec["mlflow"]["options"]["token"]["no_log"]
+
+
+class RecordedCli(_cli.SlurmCli):
+    """A SlurmCli whose commands answer with recorded Slurm output (by the command's first word)."""
+
+    def __init__(self, answers):
+        super().__init__(conf=None)
+        self.answers = answers
+        self.calls = []
+
+    def run(self, argv, check=True, timeout_s=None):
+        self.calls.append(list(argv))
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return 0, {"sl1cn[1-2]": "sl1cn1\nsl1cn2\n", "sl1cn1": "sl1cn1\n"}[argv[3]], ""
+        return 0, self.answers.get(argv[0], ""), ""
+
+
+class Module:
+    check_mode = False
+
+    def __init__(self, **params):
+        self.params = dict({"name": "train-x", "state": "failed", "mlflow": None, "poll_interval": 1,
+                            "wait_timeout": 60}, **params)
+
+    def log(self, line):
+        pass
+
+
+# sacct --allocations output of a released two-node job whose NodeList names the first node alone,
+# as slurmdbd was seen recording it under load, with a step row that a fuller query would add.
+SACCT_PARTIAL = ("5|train-x|team-a|FAILED|3|billing=2,cpu=2,gres/gpu=2,node=2|sl1cn1|1:0|2026-12-07T10:00:00|"
+                 "2026-12-07T10:00:03\n"
+                 "5.batch|batch||FAILED|3|cpu=1,gres/gpu=1,node=1|sl1cn1|1:0|2026-12-07T10:00:00|2026-12-07T10:00:03\n")
+
+
+def test_accounting_keeps_the_job_row_and_never_a_step_row():
+    cli = RecordedCli({"sacct": SACCT_PARTIAL.split("\n", 1)[1]})  # only the step's row
+    assert cli.accounting("5") is None
+    cli = RecordedCli({"sacct": SACCT_PARTIAL})
+    assert cli.accounting("5")["jobid"] == "5" and cli.accounting("5")["state"] == "FAILED"
+
+
+def test_a_released_job_reports_the_nodes_the_queue_saw_it_hold():
+    cli = RecordedCli({"sacct": SACCT_PARTIAL})
+    runner = _job_runner.SlurmJobRunner(Module(), cli, sleep=lambda s: None)
+    running = {"id": "5", "name": "train-x", "state": "RUNNING", "reason": "None", "nodes": "sl1cn[1-2]",
+               "account": "team-a", "partition": "gpu", "user": "root"}
+    result = runner._released(running, "failed")  # pylint: disable=protected-access
+    assert result["changed"] and result["nodes"] == ["sl1cn1", "sl1cn2"], result
+    assert result["state"] == "FAILED" and result["gpus"] == 2 and result["exit_code"] == "1:0"
+    assert ["scancel", "--batch", "--signal", "USR2", "5"] in cli.calls
+    assert any("held sl1cn[1-2]; its accounting lists sl1cn1" in line for line in runner.progress), runner.progress
+
+
+def test_a_job_released_earlier_reports_the_nodes_of_its_accounting():
+    cli = RecordedCli({"sacct": SACCT_PARTIAL.split("\n")[0] + "\n"})
+    runner = _job_runner.SlurmJobRunner(Module(), cli, sleep=lambda s: None)
+    result = runner._released(None, "failed")  # pylint: disable=protected-access
+    assert not result["changed"] and result["nodes"] == ["sl1cn1"] and result["job_id"] == "5", result
+    assert runner.progress == []
