@@ -498,7 +498,7 @@ xml:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain import argument_spec, run_domain
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import object_runner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import connected_runner
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 
@@ -506,7 +506,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail
 def main() -> None:
     module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True)
     fail_without_lxml(module)
-    run(module, object_runner(module, run_domain))
+    run(module, connected_runner(module, run_domain))
 
 
 if __name__ == "__main__":

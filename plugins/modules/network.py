@@ -219,7 +219,7 @@ undefined:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import object_runner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import connected_runner
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._network import MUTUALLY_EXCLUSIVE, argument_spec, run_network
@@ -228,7 +228,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._network impo
 def main() -> None:
     module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True, mutually_exclusive=MUTUALLY_EXCLUSIVE)
     fail_without_lxml(module)
-    run(module, object_runner(module, run_network))
+    run(module, connected_runner(module, run_network))
 
 
 if __name__ == "__main__":

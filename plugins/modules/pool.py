@@ -174,7 +174,7 @@ purged:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import object_runner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import connected_runner
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._pool import (
@@ -185,7 +185,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._pool import 
 def main() -> None:
     module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True, mutually_exclusive=MUTUALLY_EXCLUSIVE)
     fail_without_lxml(module)
-    run(module, object_runner(module, run_pool, precheck_pool))
+    run(module, connected_runner(module, run_pool, precheck_pool))
 
 
 if __name__ == "__main__":

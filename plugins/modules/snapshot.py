@@ -174,14 +174,14 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import object_runner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import connected_runner
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._snapshot import argument_spec, run_snapshot
 
 
 def main() -> None:
     module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True)
     fail_without_lxml(module)
-    run(module, object_runner(module, run_snapshot))
+    run(module, connected_runner(module, run_snapshot))
 
 
 if __name__ == "__main__":

@@ -184,7 +184,7 @@ users:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import object_runner
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._connection import connected_runner
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._module import new_module, run
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import fail_without_lxml
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._volume import (
@@ -195,7 +195,7 @@ from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._volume impor
 def main() -> None:
     module = new_module(AnsibleModule, argument_spec=argument_spec(), supports_check_mode=True, mutually_exclusive=MUTUALLY_EXCLUSIVE)
     fail_without_lxml(module)
-    run(module, object_runner(module, run_volume, validate_params))
+    run(module, connected_runner(module, run_volume, validate_params))
 
 
 if __name__ == "__main__":

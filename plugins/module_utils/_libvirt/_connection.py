@@ -121,7 +121,7 @@ class Connection:
         self.close()
 
 
-def object_runner(module: Any, run_object: Callable[[Any, Any, bool], Dict[str, Any]],
+def connected_runner(module: Any, run_object: Callable[[Any, Any, bool], Dict[str, Any]],
                   precheck: Optional[Callable[[Dict[str, Any]], Any]] = None) -> Callable[[], Dict[str, Any]]:
     """The runner of a module that changes one libvirt object: ``precheck(module.params)`` first,
     so that bad input fails before libvirt is even contacted, then ``run_object(module, conn,
