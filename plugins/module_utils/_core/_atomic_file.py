@@ -16,6 +16,8 @@ import os
 import tempfile
 from typing import Callable, Optional, Tuple
 
+from ._errors import KvmError
+
 
 def fsync_dir(path: str) -> None:
     """Flush a directory entry (a rename) to disk; best effort where the platform refuses."""
@@ -64,3 +66,24 @@ def write_bytes_atomic(path: str, data: bytes, fsync: bool = True, mode: int = 0
         raise
     if fsync:
         fsync_dir(directory)
+
+
+def write_text_atomic(path: str, content: str, mode: int = 0o644) -> None:
+    """:func:`write_bytes_atomic` of ``content`` as UTF-8, a failure as a :class:`KvmError` naming
+    the path (a drop-in under /etc, a config file that a crash must not leave empty)."""
+    try:
+        write_bytes_atomic(path, content.encode("utf-8"), mode=mode)
+    except OSError as exc:
+        raise KvmError("cannot write %s: %s" % (path, exc), path=path)
+
+
+def read_text(path: str) -> Optional[str]:
+    """A whole text file (UTF-8, undecodable bytes replaced), or None when it is absent; any other
+    failure to read it as a :class:`KvmError` naming the path."""
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise KvmError("cannot read %s: %s" % (path, exc), path=path)

@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
+from .._core._atomic_file import read_text
 from .._core._command import CommandNotFoundError, CommandTimeoutError, run_bounded
 from .._core._errors import InvalidInputError, KvmError
 from .._core._runner import ObjectRunner
 from .._core._validate import object_name
 from . import _grub as grub
-from ._sysfs import Roots, cmdline_args, cpu_vendor, put_file, read_file, roots_argspec
+from ._sysfs import Roots, cmdline_args, cpu_vendor, put_file, roots_argspec
 
 IOMMU_ARGS = {"intel": "intel_iommu=on", "amd": "amd_iommu=on"}
 PENDING_NOTE = ("# Written by mlinfra.kvm.kernel_cmdline: the GRUB drop-in changed and `%s` has not succeeded "
@@ -51,13 +52,13 @@ class CmdlineService:
         self.command_timeout = command_timeout
 
     def running_args(self) -> List[str]:
-        return cmdline_args(read_file(self.roots.proc("cmdline")))
+        return cmdline_args(read_text(self.roots.proc("cmdline")))
 
     def cpu_vendor(self) -> Optional[str]:
-        return cpu_vendor(read_file(self.roots.proc("cpuinfo")))
+        return cpu_vendor(read_text(self.roots.proc("cpuinfo")))
 
     def os_family(self) -> Optional[str]:
-        return grub.os_family(read_file(self.roots.etc("os-release")))
+        return grub.os_family(read_text(self.roots.etc("os-release")))
 
     def run_command(self, argv: List[str]) -> str:
         """Run a bootloader command within command_timeout; any failure names the command."""
@@ -82,7 +83,7 @@ class CmdlineService:
         return os.path.exists(path)
 
     def read(self, path: str) -> Optional[str]:
-        return read_file(path)
+        return read_text(path)
 
     def write(self, path: str, content: Optional[str]) -> None:
         put_file(path, content)

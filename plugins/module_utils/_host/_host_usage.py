@@ -34,7 +34,8 @@ import socket
 import struct
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
-from ._sysfs import Roots, link_name, list_dir, read_attr, read_file
+from .._core._atomic_file import read_text
+from ._sysfs import Roots, link_name, list_dir, read_attr
 
 PCI_ADDRESS_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 # Far more than any real device needs (a GPU has ~50 directories, an HBA with many disks a
@@ -194,7 +195,7 @@ class HostUsage:
         """mountinfo (with major:minor, which also catches a root given as /dev/root);
         /proc/mounts when there is no mountinfo."""
         if self._mounts is None:
-            info = read_file(self.roots.proc("self", "mountinfo"))
+            info = read_text(self.roots.proc("self", "mountinfo"))
             self._mounts = self._parse_mountinfo(info) if info is not None else self._parse_mounts()
         return self._mounts
 
@@ -210,7 +211,7 @@ class HostUsage:
 
     def _parse_mounts(self) -> List[Mount]:
         out = []
-        for line in (read_file(self.roots.proc("mounts")) or "").splitlines():
+        for line in (read_text(self.roots.proc("mounts")) or "").splitlines():
             fields = line.split()
             if len(fields) >= 2:
                 out.append(Mount(None, unescape_mount(fields[0]), unescape_mount(fields[1])))
@@ -218,7 +219,7 @@ class HostUsage:
 
     def swaps(self) -> Set[str]:
         if self._swaps is None:
-            lines = (read_file(self.roots.proc("swaps")) or "").splitlines()
+            lines = (read_text(self.roots.proc("swaps")) or "").splitlines()
             self._swaps = {unescape_mount(line.split()[0]) for line in lines[1:] if line.split()}
         return self._swaps
 
@@ -234,7 +235,7 @@ class HostUsage:
 
     def _ipv4_routes(self) -> List[Tuple[str, str]]:
         out = []
-        for line in (read_file(self.roots.proc("net", "route")) or "").splitlines()[1:]:
+        for line in (read_text(self.roots.proc("net", "route")) or "").splitlines()[1:]:
             fields = line.split()
             if len(fields) < 8:
                 continue
@@ -248,7 +249,7 @@ class HostUsage:
 
     def _ipv6_routes(self) -> List[Tuple[str, str]]:
         out = []
-        for line in (read_file(self.roots.proc("net", "ipv6_route")) or "").splitlines():
+        for line in (read_text(self.roots.proc("net", "ipv6_route")) or "").splitlines():
             fields = line.split()
             if len(fields) < 10:
                 continue
@@ -266,7 +267,7 @@ class HostUsage:
         """IPv6 addresses of scope global per interface (/proc/net/if_inet6)."""
         if self._addresses is None:
             addresses: Dict[str, List[str]] = {}
-            for line in (read_file(self.roots.proc("net", "if_inet6")) or "").splitlines():
+            for line in (read_text(self.roots.proc("net", "if_inet6")) or "").splitlines():
                 fields = line.split()
                 if len(fields) < 6 or fields[3] != "00":
                     continue

@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
+from .._core._atomic_file import read_text
 from .._core._errors import InvalidInputError, KvmError
 from .._core._runner import ObjectRunner
 from .._core._validate import object_name
-from ._sysfs import Roots, list_dir, meminfo_kib, put_file, read_attr, read_file, roots_argspec, write_attr
+from ._sysfs import Roots, list_dir, meminfo_kib, put_file, read_attr, roots_argspec, write_attr
 
 SIZES_KIB = {"2M": 2048, "1G": 1048576}
 HEADER = "# Managed by mlinfra.kvm.hugepages; edits are overwritten.\n"
@@ -72,10 +73,10 @@ class HugepagesService:
         return self.count(kib, "nr_hugepages")
 
     def meminfo(self) -> Dict[str, int]:
-        return meminfo_kib(read_file(self.roots.proc("meminfo")))
+        return meminfo_kib(read_text(self.roots.proc("meminfo")))
 
     def read(self, path: str) -> Optional[str]:
-        return read_file(path)
+        return read_text(path)
 
     def write(self, path: str, content: Optional[str]) -> None:
         put_file(path, content)

@@ -30,7 +30,8 @@ import re
 from typing import Any, Dict, Iterable, List, Optional
 
 from ._host_usage import PCI_ADDRESS_RE, HostUsage, Use
-from ._sysfs import Roots, cmdline_args, cpu_vendor, is_virtual_machine, link_name, list_dir, read_attr, read_file
+from .._core._atomic_file import read_text
+from ._sysfs import Roots, cmdline_args, cpu_vendor, is_virtual_machine, link_name, list_dir, read_attr
 
 VFIO_DRIVERS = ("vfio-pci", "pci-stub")
 # Classes whose devices have a bridge header (PCI-to-PCI, CardBus, semi-transparent): the kernel
@@ -219,7 +220,7 @@ class PciScanner:
         return self.devices_in_group(group) or [address]
 
     def cpu_vendor(self) -> Optional[str]:
-        return cpu_vendor(read_file(self.roots.proc("cpuinfo")))
+        return cpu_vendor(read_text(self.roots.proc("cpuinfo")))
 
     def iommu_argument(self) -> str:
         """The kernel argument that turns the IOMMU on for this CPU (both when unknown)."""
@@ -232,10 +233,10 @@ class PciScanner:
 
     def iommu(self) -> Dict[str, Any]:
         groups = self.iommu_groups()
-        cmdline = cmdline_args(read_file(self.roots.proc("cmdline")))
+        cmdline = cmdline_args(read_text(self.roots.proc("cmdline")))
         flags = [a for a in cmdline if a.split("=", 1)[0] in ("intel_iommu", "amd_iommu", "iommu")]
         units = list_dir(self.roots.sys("class", "iommu"))
-        cpuinfo = read_file(self.roots.proc("cpuinfo"))
+        cpuinfo = read_text(self.roots.proc("cpuinfo"))
         state: Dict[str, Any] = {
             "enabled": bool(groups),
             "groups": groups,
@@ -263,7 +264,7 @@ class PciScanner:
     # -- use of a device ------------------------------------------------------------------
     def nvidia_nodes(self, address: str) -> List[str]:
         """/dev/nvidiaN: NVIDIA's driver registers no class device, its procfs entry names the minor."""
-        info = read_file(self.roots.proc("driver", "nvidia", "gpus", address, "information")) or ""
+        info = read_text(self.roots.proc("driver", "nvidia", "gpus", address, "information")) or ""
         match = re.search(r"^Device Minor:\s*(\d+)", info, re.MULTILINE)
         return ["/dev/nvidia%s" % match.group(1)] if match else []
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from .._core._atomic_file import write_bytes_atomic
+from .._core._atomic_file import write_text_atomic as write_file_atomic
 from .._core._errors import InvalidInputError, KvmError
 
 # The roots' argument spec entries, paired with the doc fragments mlinfra.kvm.host.sysfs_root,
@@ -93,17 +93,6 @@ def read_attr(path: str) -> Optional[str]:
         return None
 
 
-def read_file(path: str) -> Optional[str]:
-    """A whole text file, or None when it is absent."""
-    try:
-        with open(path, "r", encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise KvmError("cannot read %s: %s" % (path, exc), path=path)
-
-
 def link_name(path: str) -> Optional[str]:
     """The last component of a symlink's target (``driver`` -> ``nvidia``), or None."""
     try:
@@ -126,15 +115,6 @@ def write_attr(path: str, value: str) -> None:
             handle.write(value)
     except OSError as exc:
         raise KvmError("writing %r to %s failed: %s" % (value, path, exc), path=path, value=value)
-
-
-def write_file_atomic(path: str, content: str, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``content`` through a temporary file in the same directory, flushed
-    to disk before the rename (a drop-in under /etc that a crash must not leave empty)."""
-    try:
-        write_bytes_atomic(path, content.encode("utf-8"), mode=mode)
-    except OSError as exc:
-        raise KvmError("cannot write %s: %s" % (path, exc), path=path)
 
 
 def remove_file(path: str) -> None:

@@ -14,10 +14,11 @@ import os
 import time
 from typing import Any, List, Optional, Tuple
 
+from .._core._atomic_file import read_text
 from .._core._command import CommandNotFoundError, CommandTimeoutError, run_bounded
 from .._core._errors import KvmError
 from ._pci import PciScanner
-from ._sysfs import Roots, read_file, remove_file, write_attr, write_file_atomic
+from ._sysfs import Roots, remove_file, write_attr, write_file_atomic
 
 VFIO = "vfio-pci"
 
@@ -37,7 +38,7 @@ class VfioService:
     @staticmethod
     def read(path: str) -> Optional[str]:
         """A persistent file's content, None when it is absent."""
-        return read_file(path)
+        return read_text(path)
 
     @staticmethod
     def exists(path: str) -> bool:

@@ -16,8 +16,8 @@ from typing import Any, Dict, Optional
 
 from ansible.module_utils.basic import missing_required_lib
 
-from .._core._atomic_file import write_bytes_atomic
-from .._core._errors import InvalidInputError, KvmError
+from .._core._atomic_file import read_text, write_text_atomic
+from .._core._errors import InvalidInputError
 from .._core._runner import ObjectRunner
 from ._device_plugin import (CONFIG_NAME, HAS_YAML, YAML_IMPORT_ERROR, advertised, helm_values, mig_parted_config,
                              plugin_config, profiles_from_option, to_yaml)
@@ -65,16 +65,7 @@ def fail_without_yaml(module: Any) -> None:
 class PluginConfigFiles:
     """The service: reads, checks and writes the config files (the only I/O of this runner)."""
 
-    @staticmethod
-    def read(path: str) -> Optional[str]:
-        """The whole file, or None when it is absent."""
-        try:
-            with open(path, "r", encoding="utf-8", errors="replace") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise KvmError("cannot read %s: %s" % (path, exc), path=path)
+    read = staticmethod(read_text)  # the whole file, or None when it is absent
 
     @staticmethod
     def mode(path: str) -> int:
@@ -87,10 +78,7 @@ class PluginConfigFiles:
     @staticmethod
     def write(path: str, content: str) -> None:
         """Replace the file whole (a temporary file renamed over it), with FILE_MODE."""
-        try:
-            write_bytes_atomic(path, content.encode("utf-8"), mode=FILE_MODE)
-        except OSError as exc:
-            raise KvmError("cannot write %s: %s" % (path, exc), path=path)
+        write_text_atomic(path, content, FILE_MODE)
 
 
 class DevicePluginConfigRunner(ObjectRunner):
