@@ -380,9 +380,7 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - mlinfra.kvm.attributes
-  - mlinfra.kvm.libvirt
-  - mlinfra.kvm.libvirt.host_lock
-  - mlinfra.kvm.libvirt.partial_change
+  - mlinfra.kvm.libvirt.object
 notes:
   - Changes that need a restart on a running domain - virt type, machine, architecture, maximum memory,
     maximum vCPUs, CPU, pinning, NUMA, hugepages, firmware, boot order, hypervisor hiding, cdroms,

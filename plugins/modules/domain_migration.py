@@ -171,9 +171,7 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - mlinfra.kvm.attributes
-  - mlinfra.kvm.libvirt
-  - mlinfra.kvm.libvirt.host_lock
-  - mlinfra.kvm.libvirt.partial_change
+  - mlinfra.kvm.libvirt.object
 notes:
   - O(uri) is the source. A migration needs both hypervisors to run compatible QEMU and libvirt versions.
   - docs/migration.md describes how the collection proves this module with a second libvirtd on one machine.

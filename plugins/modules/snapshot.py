@@ -87,9 +87,7 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - mlinfra.kvm.attributes
-  - mlinfra.kvm.libvirt
-  - mlinfra.kvm.libvirt.host_lock
-  - mlinfra.kvm.libvirt.partial_change
+  - mlinfra.kvm.libvirt.object
 seealso:
   - module: mlinfra.kvm.snapshot_info
 author:

@@ -112,9 +112,7 @@ notes:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - mlinfra.kvm.attributes
-  - mlinfra.kvm.libvirt
-  - mlinfra.kvm.libvirt.host_lock
-  - mlinfra.kvm.libvirt.partial_change
+  - mlinfra.kvm.libvirt.object
 author:
   - mlinfra.kvm contributors (@mlinfra)
 '''
