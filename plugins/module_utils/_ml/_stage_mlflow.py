@@ -172,22 +172,21 @@ class MlflowClient:
         """In batches of 100; returns the number of calls made."""
         items = [{"key": clip(k, MAX_KEY), "value": clip(str(v), MAX_PARAM_VALUE)}
                  for k, v in sorted(params.items())]
-        calls = 0
-        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self.call("POST", "runs/log-batch", {"run_id": run_id,
-                                                 "params": items[i:i + MAX_PARAMS_PER_BATCH]})
-            calls += 1
-        return calls
+        return self._log_batches(run_id, "params", items, MAX_PARAMS_PER_BATCH)
 
     def log_metrics(self, run_id: str, metrics: Dict[str, float], step: int = 0) -> int:
         """One call (more only past MLflow's 1000 metrics per batch)."""
         ts = _now_ms()
         items = [{"key": clip(k, MAX_KEY), "value": float(v), "timestamp": ts, "step": step}
                  for k, v in sorted(metrics.items())]
+        return self._log_batches(run_id, "metrics", items, MAX_METRICS_PER_BATCH)
+
+    def _log_batches(self, run_id: str, field: str, items: List[Dict[str, Any]], per_batch: int) -> int:
+        """``items`` as ``field`` of log-batch calls of at most ``per_batch`` each; returns the number
+        of calls made (none for no items)."""
         calls = 0
-        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.call("POST", "runs/log-batch", {"run_id": run_id,
-                                                 "metrics": items[i:i + MAX_METRICS_PER_BATCH]})
+        for i in range(0, len(items), per_batch):
+            self.call("POST", "runs/log-batch", {"run_id": run_id, field: items[i:i + per_batch]})
             calls += 1
         return calls
 
