@@ -71,6 +71,18 @@ def write_promtool_test_dir(directory: Path, rendered: str, rule_file_name: str,
     return path
 
 
+def promtool_check_rules(directory: Path, rendered: str, rule_file_name: str) -> subprocess.CompletedProcess:
+    """`promtool check rules` of the rendered rules, written as rule_file_name in directory."""
+    (directory / rule_file_name).write_text(rendered)
+    return promtool("check", "rules", rule_file_name, cwd=directory)
+
+
+def promtool_test_rules(directory: Path, rendered: str, rule_file_name: str, promtool_tests: Path) -> subprocess.CompletedProcess:
+    """`promtool test rules` of promtool_tests against the rendered rules (write_promtool_test_dir)."""
+    path = write_promtool_test_dir(directory, rendered, rule_file_name, promtool_tests)
+    return promtool("test", "rules", path.name, cwd=directory)
+
+
 def alert_cases(promtool_tests: Path) -> Tuple[Set[str], Set[str], List[Tuple[str, Dict[str, Any]]]]:
     """(the alerts a case makes fire, the alerts a case keeps quiet, every alert a case expects as
     (case name, alert)). Each expected alert is compared on its summary alone."""

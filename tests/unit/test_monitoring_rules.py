@@ -21,8 +21,8 @@ import jinja2.meta
 import pytest
 import yaml
 
-from prometheus_rules import (PROMTOOL, alert_cases, needs_promtool, promtool, rules_of, template_environment,
-                              write_promtool_test_dir)
+from prometheus_rules import (PROMTOOL, alert_cases, needs_promtool, promtool_check_rules, promtool_test_rules,
+                              rules_of, template_environment)
 
 pytestmark = pytest.mark.unit
 
@@ -151,8 +151,7 @@ def test_silenced_alert_is_absent(tmp_path, name):
     assert name not in names
     assert sorted(names + [name]) == sorted(alert_names())
     if PROMTOOL is not None:
-        (tmp_path / RULE_FILE_NAME).write_text(rendered)
-        proc = promtool("check", "rules", RULE_FILE_NAME, cwd=tmp_path)
+        proc = promtool_check_rules(tmp_path, rendered, RULE_FILE_NAME)
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -165,8 +164,7 @@ def test_silencing_everything_leaves_a_valid_file(tmp_path):
     assert all(group["rules"] == [] for group in silent["groups"]), silent
     if PROMTOOL is None:
         pytest.skip("promtool (Debian package prometheus) is not installed; `make setup` installs it")
-    (tmp_path / RULE_FILE_NAME).write_text(rendered)
-    proc = promtool("check", "rules", RULE_FILE_NAME, cwd=tmp_path)
+    proc = promtool_check_rules(tmp_path, rendered, RULE_FILE_NAME)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 rules found" in proc.stdout, proc.stdout
 
@@ -176,16 +174,14 @@ def test_silencing_everything_leaves_a_valid_file(tmp_path):
 
 @needs_promtool
 def test_promtool_check_rules(tmp_path):
-    (tmp_path / RULE_FILE_NAME).write_text(render())
-    proc = promtool("check", "rules", RULE_FILE_NAME, cwd=tmp_path)
+    proc = promtool_check_rules(tmp_path, render(), RULE_FILE_NAME)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS: %d rules found" % len(alert_names()) in proc.stdout, proc.stdout
 
 
 @needs_promtool
 def test_promtool_unit_tests(tmp_path):
-    path = write_promtool_test_dir(tmp_path, render(), RULE_FILE_NAME, PROMTOOL_TESTS)
-    proc = promtool("test", "rules", path.name, cwd=tmp_path)
+    proc = promtool_test_rules(tmp_path, render(), RULE_FILE_NAME, PROMTOOL_TESTS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

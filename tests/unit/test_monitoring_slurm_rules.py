@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from prometheus_rules import alert_cases, needs_promtool, promtool, rules_of, template_environment, write_promtool_test_dir
+from prometheus_rules import (alert_cases, needs_promtool, promtool_check_rules, promtool_test_rules, rules_of,
+                              template_environment)
 
 pytestmark = pytest.mark.unit
 
@@ -82,23 +83,20 @@ def test_a_silenced_alert_is_left_out(tmp_path, name):
 
 @needs_promtool
 def test_silencing_everything_leaves_a_valid_file(tmp_path):
-    (tmp_path / RULE_FILE_NAME).write_text(render(monitoring_slurm_alerts_silenced=ALERTS))
-    proc = promtool("check", "rules", RULE_FILE_NAME, cwd=tmp_path)
+    proc = promtool_check_rules(tmp_path, render(monitoring_slurm_alerts_silenced=ALERTS), RULE_FILE_NAME)
     assert proc.returncode == 0 and "0 rules found" in proc.stdout, proc.stdout + proc.stderr
 
 
 @needs_promtool
 def test_promtool_check_rules(tmp_path):
-    (tmp_path / RULE_FILE_NAME).write_text(render())
-    proc = promtool("check", "rules", RULE_FILE_NAME, cwd=tmp_path)
+    proc = promtool_check_rules(tmp_path, render(), RULE_FILE_NAME)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS: %d rules found" % len(ALERTS) in proc.stdout, proc.stdout
 
 
 @needs_promtool
 def test_promtool_unit_tests(tmp_path):
-    path = write_promtool_test_dir(tmp_path, render(), RULE_FILE_NAME, PROMTOOL_TESTS)
-    proc = promtool("test", "rules", path.name, cwd=tmp_path)
+    proc = promtool_test_rules(tmp_path, render(), RULE_FILE_NAME, PROMTOOL_TESTS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
