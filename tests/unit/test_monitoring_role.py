@@ -33,6 +33,15 @@ def failures(proc: subprocess.CompletedProcess) -> list:
     return found
 
 
+def role_vars_play(path: Path, tasks: list, **play: object) -> Path:
+    """A one-play playbook at path that loads the role's defaults and vars (vars_files), as the
+    role's own tasks see them, then runs tasks; play sets or adds the play's keys (name, hosts,
+    vars, connection). Returns path."""
+    path.write_text(yaml.safe_dump([dict({"hosts": "localhost", "gather_facts": False, "vars_files": [
+        str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")]}, tasks=tasks, **play)], sort_keys=False))
+    return path
+
+
 def server_play(tmp_path: Path, role_vars: dict, tasks_from: str = "server") -> Path:
     path = tmp_path / "play.yml"
     path.write_text(yaml.safe_dump([{
@@ -111,14 +120,9 @@ def test_server_preflight_accepts_the_defaults(tmp_path):
 def render(tmp_path: Path, template: str, extra_vars: dict) -> Path:
     """Render one of the role's templates with Ansible itself (role defaults + vars)."""
     out = tmp_path / Path(template).name.replace(".j2", "")
-    play = tmp_path / "render.yml"
-    play.write_text(yaml.safe_dump([{
-        "name": "render", "hosts": "localhost", "gather_facts": False,
-        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
-        "vars": {"__monitoring_targets": "{{ __monitoring_targets_list | from_json }}"},
-        "tasks": [{"name": "render", "ansible.builtin.template": {
-            "src": str(ROLE / "templates" / template), "dest": str(out), "mode": "0644"}}],
-    }], sort_keys=False))
+    play = role_vars_play(tmp_path / "render.yml", [{"name": "render", "ansible.builtin.template": {
+        "src": str(ROLE / "templates" / template), "dest": str(out), "mode": "0644"}}],
+        name="render", vars={"__monitoring_targets": "{{ __monitoring_targets_list | from_json }}"})
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {
         "hypervisors": {"hosts": {"hv1": {"monitoring_address": "192.0.2.1"}}},
@@ -154,14 +158,10 @@ def test_prometheus_config_scrapes_the_inventory(tmp_path):
 
 def test_expected_vms_textfile_lists_the_guests_placed_here(tmp_path):
     out = tmp_path / "expected.prom"
-    play = tmp_path / "render.yml"
-    play.write_text(yaml.safe_dump([{
-        "name": "render", "hosts": "hv1", "gather_facts": False, "connection": "local",
-        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
-        "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
-        "tasks": [{"name": "render", "ansible.builtin.template": {
-            "src": str(ROLE / "templates/expected_vms.prom.j2"), "dest": str(out), "mode": "0644"}}],
-    }], sort_keys=False))
+    play = role_vars_play(tmp_path / "render.yml", [{"name": "render", "ansible.builtin.template": {
+        "src": str(ROLE / "templates/expected_vms.prom.j2"), "dest": str(out), "mode": "0644"}}],
+        name="render", hosts="hv1", connection="local",
+        vars={"ansible_python_interpreter": "{{ ansible_playbook_python }}"})
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {
         "hypervisors": {"hosts": {"hv1": {}, "hv2": {}}},
@@ -218,16 +218,12 @@ def test_config_files_writes_what_the_template_module_wrote(tmp_path):
     # The play's own templates/ and files/ are the role's: lookups search them as they search a role's.
     (tmp_path / "templates").symlink_to(ROLE / "templates")
     (tmp_path / "files").symlink_to(ROLE / "files")
-    play = tmp_path / "play.yml"
-    play.write_text(yaml.safe_dump([{
-        "name": "template module, then config_files", "hosts": "localhost", "gather_facts": False,
-        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
-        "vars": {"__monitoring_targets": "{{ __monitoring_targets_list | from_json }}"},
-        "tasks": first + [
-            {"name": "config_files", "mlinfra.kvm.config_files": {"files": entries}, "register": "again"},
-            {"name": "nothing to change", "ansible.builtin.assert": {
-                "that": ["not again.changed", "again.changed_paths == []"], "fail_msg": "{{ again.files | to_json }}"}}],
-    }], sort_keys=False))
+    play = role_vars_play(tmp_path / "play.yml", first + [
+        {"name": "config_files", "mlinfra.kvm.config_files": {"files": entries}, "register": "again"},
+        {"name": "nothing to change", "ansible.builtin.assert": {
+            "that": ["not again.changed", "again.changed_paths == []"], "fail_msg": "{{ again.files | to_json }}"}}],
+        name="template module, then config_files",
+        vars={"__monitoring_targets": "{{ __monitoring_targets_list | from_json }}"})
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {
         "hypervisors": {"hosts": {"hv1": {"monitoring_address": "192.0.2.1"}}},
@@ -256,14 +252,9 @@ def test_units_up_from_the_role_s_own_expression(tmp_path, exporters_read, serve
         given["__monitoring_units_read"] = exporters_read
     overrides = tmp_path / "reads.json"
     overrides.write_text(json.dumps(given))
-    play = tmp_path / "play.yml"
-    play.write_text(yaml.safe_dump([{
-        "name": "units", "hosts": "localhost", "gather_facts": False,
-        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
-        "tasks": [{"name": "units up", "ansible.builtin.assert": {
-            "that": ["__monitoring_units_up == %s" % json.dumps(up)],
-            "fail_msg": "{{ __monitoring_units_up | to_json }}"}}],
-    }], sort_keys=False))
+    play = role_vars_play(tmp_path / "play.yml", [{"name": "units up", "ansible.builtin.assert": {
+        "that": ["__monitoring_units_up == %s" % json.dumps(up)],
+        "fail_msg": "{{ __monitoring_units_up | to_json }}"}}], name="units")
     proc = run_playbook(play, "-e", "@%s" % overrides)
     assert proc.returncode == 0, (failures(proc), proc.stdout[-2000:])
 
@@ -277,12 +268,8 @@ def _handler_decisions(tmp_path: Path, runs: dict, changed_tags: list) -> dict:
     expression = "{{ {%s} | to_json }}" % ", ".join(
         "%s: (%s)" % (json.dumps(name), " and ".join("(%s)" % c.strip() for c in conditions))
         for name, conditions in handlers.items())
-    play = tmp_path / "handlers.yml"
-    play.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "gather_facts": False,
-        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
-        "tasks": [{"ansible.builtin.set_fact": facts},
-                  {"ansible.builtin.debug": {"msg": expression}}]}], sort_keys=False))
+    play = role_vars_play(tmp_path / "handlers.yml", [{"ansible.builtin.set_fact": facts},
+                                                      {"ansible.builtin.debug": {"msg": expression}}])
     proc = run_playbook(play)
     assert proc.returncode == 0, proc.stdout[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok: [localhost] => ") and '"msg"' in ln][-1]
@@ -363,14 +350,10 @@ def role_ca_copy(tmp_path: Path, ca: Path) -> Path:
     config.yml hands to mlinfra.kvm.config_files), evaluated by Ansible and written with the
     copy module at a temporary path: the bytes the probe reads on the monitoring host."""
     out = tmp_path / "role-copy-of-ca.crt"
-    play = tmp_path / "ca-copy.yml"
-    play.write_text(yaml.safe_dump([{
-        "name": "the role's CA copy", "hosts": "localhost", "gather_facts": False, "connection": "local",
-        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
-        "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
-        "tasks": [{"name": "write it", "ansible.builtin.copy": {
-            "content": "{{ (__monitoring_mlflow_ca_files | first).content }}", "dest": str(out), "mode": "0644"}}],
-    }], sort_keys=False))
+    play = role_vars_play(tmp_path / "ca-copy.yml", [{"name": "write it", "ansible.builtin.copy": {
+        "content": "{{ (__monitoring_mlflow_ca_files | first).content }}", "dest": str(out), "mode": "0644"}}],
+        name="the role's CA copy", connection="local",
+        vars={"ansible_python_interpreter": "{{ ansible_playbook_python }}"})
     # An extra var, above the role defaults that vars_files loads.
     proc = run_playbook(play, "-e", json.dumps({"monitoring_mlflow_ca_file": str(ca)}))
     assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:], proc.stderr[-2000:])
@@ -476,13 +459,9 @@ def _vm_state_files(tmp_path: Path, pid1: str) -> dict:
     out = tmp_path / "files.json"
     for where in ("templates", "files"):  # the lookups look beside the playbook outside a role
         (tmp_path / where).symlink_to(ROLE / where)
-    play = tmp_path / "play.yml"
-    play.write_text(yaml.safe_dump([{
-        "name": "vm state files", "hosts": "localhost", "gather_facts": False,
-        "vars_files": [str(ROLE / "defaults/main.yml"), str(ROLE / "vars/main.yml")],
-        "tasks": [{"name": "files", "ansible.builtin.copy": {
-            "content": "{{ __monitoring_vm_state_files | to_json }}", "dest": str(out), "mode": "0644"}}],
-    }], sort_keys=False))
+    play = role_vars_play(tmp_path / "play.yml", [{"name": "files", "ansible.builtin.copy": {
+        "content": "{{ __monitoring_vm_state_files | to_json }}", "dest": str(out), "mode": "0644"}}],
+        name="vm state files")
     proc = run_playbook(play, "-e", "@%s" % overrides)
     assert proc.returncode == 0, (failures(proc), proc.stdout[-3000:])
     return {entry["path"]: entry for entry in json.loads(out.read_text())}
