@@ -196,6 +196,31 @@ def maintenance_restore(plan: Any, moved_live: Any = None, moved_cold: Any = Non
             "start": _unique(shut + [d["name"] for d in plan["pending"]["start"]])}
 
 
+def maintenance_stage_guests(plan: Any, inventory: Any, guest_hosts: Any = None) -> Dict[str, list]:
+    """The guests that stop whose ML stages are waited for: those that are inventory hosts.
+
+    An ml_stage started over SSH runs as processes in the guest, outside Slurm: a shutdown or a cold
+    move would kill it. ``guest_hosts`` maps a domain to its inventory host (default the domain's
+    name); a domain that is no inventory host cannot be looked into and is named instead.
+    """
+    if not isinstance(plan, Mapping) or "stopping" not in plan:
+        raise AnsibleFilterError("maintenance_stage_guests needs the result of maintenance_plan (got %.200r)" % (plan,))
+    if not isinstance(guest_hosts or {}, Mapping):
+        raise AnsibleFilterError("guest_hosts must map domain names to inventory hosts (got %.200r): set "
+                                 "hypervisor_maintenance_guest_hosts" % (guest_hosts,))
+    hosts = set(_names(inventory or [], "inventory", "pass groups['all']"))
+    mapping = guest_hosts or {}
+    wait: List[Dict[str, str]] = []
+    not_inventory: List[str] = []
+    for domain in plan["stopping"]:
+        host = mapping.get(domain, domain)
+        if host in hosts:
+            wait.append({"domain": domain, "host": host})
+        else:
+            not_inventory.append(domain)
+    return {"wait": wait, "not_inventory": not_inventory}
+
+
 # ------------------------------------------------------------------------------------ Slurm
 def maintenance_slurm_drain(sinfo_lines: Any, plan: Any, reason: str, nodes: Any = None,
                             recorded: Any = None) -> Dict[str, list]:
@@ -299,6 +324,7 @@ class FilterModule:
         return {
             "maintenance_plan": maintenance_plan,
             "maintenance_restore": maintenance_restore,
+            "maintenance_stage_guests": maintenance_stage_guests,
             "maintenance_slurm_drain": maintenance_slurm_drain,
             "maintenance_slurmd_started": maintenance_slurmd_started,
             "maintenance_slurm_resume": maintenance_slurm_resume,

@@ -689,6 +689,54 @@ def wait_idle(cluster: Cluster, node: str) -> None:
         time.sleep(0.2)
 
 
+def test_a_running_ml_stage_in_a_guest_that_stops_is_awaited_before_it_stops(site, tmp_path):
+    """A guest that stops (named in hypervisor_maintenance_stop_domains; a GPU VM's shutdown or cold
+    move takes the same path) and is an inventory host (hypervisor_maintenance_guest_hosts, here with
+    a local connection) runs an ml_stage started over SSH: its NAME.running.json and a process
+    carrying the record's token. Check mode names the stage and would wait; the run waits up to
+    hypervisor_maintenance_stage_timeout, then fails naming the stage with the domain still running;
+    a record whose token no process carries (a run cut short) is not waited for. Once the stage has
+    ended, the rerun shuts the domain down and starts it again."""
+    second, train = site["second"], site["prefix"] + "train"
+    second.defineXML(domain_xml(train, [], None)).create()
+    stages = tmp_path / "stages"
+    stages.mkdir()
+    token = "hypervisor-maintenance-test-%d" % os.getpid()
+    (stages / "train.running.json").write_text(json.dumps({"format": 1, "token": token, "cmd": ["sleep", "600"]}))
+    (stages / "cut.running.json").write_text(json.dumps({"format": 1, "token": token + "-gone", "cmd": ["true"]}))
+    inv = yaml.safe_load(site["inventory"].read_text())
+    inv["all"]["hosts"] = {"trainguest": {"ansible_connection": "local"}}
+    site["inventory"].write_text(yaml.safe_dump(inv))
+    evars = {"hypervisor_maintenance_stop_domains": [train], "hypervisor_maintenance_shutdown_timeout": 1,
+             "hypervisor_maintenance_shutdown_force": True, "hypervisor_maintenance_guest_hosts": {train: "trainguest"},
+             "hypervisor_maintenance_stage_state_dir": str(stages), "hypervisor_maintenance_job_poll_interval": 1,
+             "hypervisor_maintenance_stage_timeout": 3}
+    stage = subprocess.Popen(["sleep", "600"], env=dict(os.environ, ML_STAGE_RUN_TOKEN=token), start_new_session=True)
+    running = "%s: stage train (pids %d: sleep 600)" % (train, stage.pid)
+    try:
+        predicted = play(site, evars, check=True)
+        (report,) = debug_messages(predicted, "Report the ML stages in the guests that stop")
+        assert "would wait up to 3 s for ['%s'] in ['%s']" % (running, train) in report, report
+
+        began = time.monotonic()
+        failed = play(site, evars, rc=2)
+        assert time.monotonic() - began >= 3, "the run waited for the stage"
+        (refused,) = task_results(failed, "Assert no ML stage runs in the guests that stop")
+        assert refused["_status"] == "fatal" and "hypervisor_maintenance_stage_timeout" in refused["msg"], refused
+        assert running in refused["msg"] and "stage cut" not in refused["msg"], refused
+        assert not [t for t in failed["tasks"] if t.startswith(MIGRATIONS)], "nothing shut down or moved"
+        assert lookup(second, train).isActive()
+    finally:
+        stage.kill()
+        stage.wait()
+
+    run = play(site, evars)
+    (report,) = debug_messages(run, "Report the ML stages in the guests that stop")
+    assert "waited up to 3 s for [] in ['%s']" % train in report, report
+    assert record_of(run)["stopped"] == [train]
+    assert lookup(second, train).isActive(), "started again"
+
+
 def test_inventory_lists_the_domains_of_both_hypervisors(site, tmp_path):
     host, second, hv = site["host"], site["second"], site["hv2"]
     prefix = site["prefix"]

@@ -8,6 +8,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.mlinfra.kvm.plugins.filter.maintenance_plan import (
     FilterModule, maintenance_plan, maintenance_restore, maintenance_slurm_drain, maintenance_slurm_resume,
+    maintenance_stage_guests,
     maintenance_slurmd_not_back, maintenance_slurmd_started)
 
 pytestmark = pytest.mark.unit
@@ -21,7 +22,8 @@ def dom(name, state="running", hostdevs=()):
     return {"name": name, "state": state, "hostdevs": list(hostdevs), "persistent": True}
 
 
-def plan(domains, recorded=NO_RECORD, there=(), **kw):
+def plan(domains, recorded=None, there=(), **kw):
+    recorded = NO_RECORD if recorded is None else recorded
     kw.setdefault("destination", DEST)
     kw.setdefault("destination_uri", DEST_URI)
     return maintenance_plan(domains, recorded, list(there), **kw)
@@ -240,5 +242,16 @@ def test_slurmd_not_back_until_it_registered_again_and_is_up():
 
 def test_every_filter_is_registered():
     assert set(FilterModule().filters()) == {
-        "maintenance_plan", "maintenance_restore", "maintenance_slurm_drain", "maintenance_slurmd_started",
+        "maintenance_plan", "maintenance_restore", "maintenance_stage_guests", "maintenance_slurm_drain",
+        "maintenance_slurmd_started",
         "maintenance_slurm_resume", "maintenance_slurmd_not_back"}
+
+
+# ------------------------------------------------------------------------------ ML stages in the guests that stop
+def test_stage_guests_are_the_stopping_domains_that_are_inventory_hosts():
+    p = plan([dom("web"), dom("gpu1", hostdevs=["x"]), dom("gpu2", hostdevs=["x"]), dom("gpu3", hostdevs=["x"])])
+    got = maintenance_stage_guests(p, ["gpu1", "worker2", "web"], guest_hosts={"gpu2": "worker2"})
+    assert got == {"wait": [{"domain": "gpu1", "host": "gpu1"}, {"domain": "gpu2", "host": "worker2"}],
+                   "not_inventory": ["gpu3"]}
+    with pytest.raises(AnsibleFilterError, match="hypervisor_maintenance_guest_hosts"):
+        maintenance_stage_guests(p, [], guest_hosts=["gpu1"])
