@@ -3,11 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
-# ansible-core reads a fragment as an attribute of this class, so the texts below are written once and
-# joined: the notes of a fragment that covers more are the notes of the ones it covers, in order.
 
-# Options shared by every module that talks to libvirt.
-_OPTIONS = r'''
+class ModuleDocFragment:
+    # Options shared by every module that talks to libvirt.
+    DOCUMENTATION = r'''
 options:
   uri:
     description:
@@ -25,9 +24,11 @@ notes:
     C(libvirt_message).
 '''
 
-# Modules that change one named libvirt object (and each item of the list modules): every
-# libvirt module that changes something (the info modules only read, and have no diff).
-_HOST_LOCK_NOTES = r'''
+    # Modules that change one named libvirt object (and each item of the list modules): every
+    # libvirt module that changes something (the info modules only read, and have no diff).
+    HOST_LOCK = r'''
+options: {}
+notes:
   - Supports check mode and diff mode. Check mode takes the same decisions as a real run and
     reports them; only the side effects are skipped.
   - With a local URI, a run holds an exclusive lock file for each object while it reads, compares
@@ -38,8 +39,10 @@ _HOST_LOCK_NOTES = r'''
     nothing. With a remote URI nothing is shared, and libvirt's own refusals are reported instead.
 '''
 
-# Modules that change one named libvirt object: how a failure half-way is reported.
-_PARTIAL_CHANGE_NOTES = r'''
+    # Modules that change one named libvirt object: how a failure half-way is reported.
+    PARTIAL_CHANGE = r'''
+options: {}
+notes:
   - A failure after the first side effect (a network defined whose start is then refused, a
     domain started that gets no address in time) is reported as the partial change it is,
     C(changed=true), the actions that completed in C(actions), the one that failed in
@@ -48,14 +51,15 @@ _PARTIAL_CHANGE_NOTES = r'''
 '''
 
 
-class ModuleDocFragment:
-    # Every libvirt module: the uri option, the requirements, how libvirt errors are reported.
-    DOCUMENTATION = _OPTIONS
+def _notes(fragment: str) -> str:
+    """The items of a fragment's notes, its last key."""
+    return fragment.split("\nnotes:\n", 1)[1]
 
-    # The list modules (networks, pools, volumes, domains), with DOCUMENTATION: the host lock
-    # each item takes.
-    HOST_LOCK = "options: {}\nnotes:" + _HOST_LOCK_NOTES
 
-    # A module that changes one named libvirt object, alone: DOCUMENTATION, the host lock and
-    # how a failure half-way is reported.
-    OBJECT = _OPTIONS.rstrip("\n") + _HOST_LOCK_NOTES + _PARTIAL_CHANGE_NOTES.lstrip("\n")
+# A module that changes one named libvirt object extends this alone: DOCUMENTATION (the uri option,
+# the requirements, libvirt's errors) with the notes of HOST_LOCK and PARTIAL_CHANGE after its own,
+# in that order. It is joined here, outside the class, from the three texts above, which
+# ansible-test's yamllint reads as the literals of the class body; ansible-core reads it as any
+# other attribute of the class.
+ModuleDocFragment.OBJECT = (ModuleDocFragment.DOCUMENTATION.rstrip("\n") + "\n"
+                            + _notes(ModuleDocFragment.HOST_LOCK) + _notes(ModuleDocFragment.PARTIAL_CHANGE))

@@ -122,7 +122,7 @@ class Connection:
 
 
 def connected_runner(module: Any, run_object: Callable[[Any, Any, bool], Dict[str, Any]],
-                  precheck: Optional[Callable[[Dict[str, Any]], Any]] = None) -> Callable[[], Dict[str, Any]]:
+                     precheck: Optional[Callable[[Dict[str, Any]], Any]] = None) -> Callable[[], Dict[str, Any]]:
     """The runner of a module that changes one libvirt object: ``precheck(module.params)`` first,
     so that bad input fails before libvirt is even contacted, then ``run_object(module, conn,
     local)`` on one connection opened from the module's ``uri`` (``local``: :func:`is_local`)."""
