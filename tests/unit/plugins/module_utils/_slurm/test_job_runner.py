@@ -105,7 +105,7 @@ def test_a_released_job_reports_the_nodes_the_queue_saw_it_hold():
 
 
 def test_a_job_released_earlier_reports_the_nodes_of_its_accounting():
-    cli = RecordedCli({"sacct": SACCT_PARTIAL.split("\n")[0] + "\n"})
+    cli = RecordedCli({"sacct": SACCT_PARTIAL.split("\n", maxsplit=1)[0] + "\n"})
     runner = _job_runner.SlurmJobRunner(Module(), cli, sleep=lambda s: None)
     result = runner._released(None, "failed")  # pylint: disable=protected-access
     assert not result["changed"] and result["nodes"] == ["sl1cn1"] and result["job_id"] == "5", result
