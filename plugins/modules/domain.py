@@ -357,7 +357,10 @@ options:
     type: bool
     default: false
   wait_for_ip:
-    description: With O(state=running), wait until an interface has an IPv4 address in its network's DHCP leases.
+    description:
+      - With O(state=running), wait until an interface has an IPv4 address in its network's DHCP leases.
+      - In check mode nothing is waited for; a domain that already runs reports the address it has
+        (one read), so that the tasks after it can predict on the guest.
     type: bool
     default: false
   wait_for_ip_timeout:
@@ -470,7 +473,7 @@ domain:
     disks: {description: "Disks (pool, volume, path, format, bus, target).", type: list, elements: dict}
     hostdevs: {description: "PCI hostdevs (address, managed).", type: list, elements: dict}
     metadata: {description: The mlinfra metadata key/values., type: dict}
-    ip_addresses: {description: "IPv4 addresses from DHCP leases (with O(wait_for_ip))., type: list", type: list, elements: dict}
+    ip_addresses: {description: "IPv4 addresses from DHCP leases (with O(wait_for_ip))", type: list, elements: dict}
   sample: {name: gpu-worker-1, state: running, vcpus: 8, memory_mib: 32768,
            interfaces: [{network: ml, model: virtio, mac: "52:54:00:3c:11:9a"}]}
 restart_required:

@@ -444,6 +444,8 @@ options:
         description:
         - With O(config[].state=running), wait until an interface has an IPv4 address in its network's DHCP
           leases.
+        - In check mode nothing is waited for; a domain that already runs reports the address it has (one
+          read), so that the tasks after it can predict on the guest.
         - 'When the item does not set it: V(false) (replaced, overridden, and a new object in merged; merged
           keeps an existing object''s value).'
         type: bool

@@ -234,8 +234,13 @@ class DomainRunner(ObjectRunner):
             self.after["state"] = final
         elif final != current:
             self.before["state"], self.after["state"] = current, final
-        if wanted == "running" and self.params["wait_for_ip"] and not self.check:
-            self.ip_addresses = self.service.wait_for_ip(dom, self.params["wait_for_ip_timeout"])
+        if wanted == "running" and self.params["wait_for_ip"]:
+            if not self.check:
+                self.ip_addresses = self.service.wait_for_ip(dom, self.params["wait_for_ip_timeout"])
+            elif dom is not None and current == final == "running":
+                # Check mode changes nothing, so a domain that already runs keeps its address: read
+                # it once (read only, no wait), and the plays after this one can predict on it.
+                self.ip_addresses = [a for a in self.service.lease_addresses(dom) if a["type"] == "ipv4"]
         return final
 
     def _to_running(self, dom: Optional[Any], current: str) -> str:

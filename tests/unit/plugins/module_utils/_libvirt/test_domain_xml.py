@@ -627,3 +627,38 @@ def test_a_domains_list_reads_the_host_pci_devices_once(tmp_path, monkeypatch):
             assert len(scans) == (0 if index == 0 else 1), scans
     finally:
         conn.close()
+
+
+class AddressedService(RecordingService):
+    """A domain with a DHCP lease: what the wait would return, and what one read finds."""
+
+    LEASES = [{"name": "vnet0", "type": "ipv4", "address": "192.0.2.7", "prefix": 24, "mac": "52:54:00:00:00:07"},
+              {"name": "vnet0", "type": "ipv6", "address": "2001:db8::7", "prefix": 64, "mac": "52:54:00:00:00:07"}]
+
+    def lease_addresses(self, dom):
+        self.calls.append(("lease_addresses",))
+        return self.LEASES
+
+    def wait_for_ip(self, dom, timeout):
+        self.calls.append(("wait_for_ip", timeout))
+        return self.LEASES[:1]
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_running_domain_reports_its_address_in_check_mode_too(tmp_path, check):
+    """Check mode reads the address of a domain that already runs (once, no wait), so that the
+    plays after it (the guest role's) predict on the guest as a real run would act on it."""
+    service = AddressedService(make_sysfs(str(tmp_path / "sys"), GPU_HOST), state="running")
+    result = run_domain(service, check=check, state="running", wait_for_ip=True, wait_for_ip_timeout=30)
+    assert result["changed"] is False
+    assert [a["address"] for a in result["domain"]["ip_addresses"]] == ["192.0.2.7"], result["domain"]
+    assert [c for c in service.calls if c[0] in ("wait_for_ip", "lease_addresses")] == \
+        ([("lease_addresses",)] if check else [("wait_for_ip", 30)])
+
+
+def test_a_domain_check_mode_would_start_has_no_address_yet(tmp_path):
+    service = AddressedService(make_sysfs(str(tmp_path / "sys"), GPU_HOST), state="shutoff")
+    result = run_domain(service, check=True, state="running", wait_for_ip=True)
+    assert result["changed"] is True and result["actions"] == ["start"]
+    assert result["domain"]["ip_addresses"] == []
+    assert not [c for c in service.calls if c[0] in ("wait_for_ip", "lease_addresses", "start")]
