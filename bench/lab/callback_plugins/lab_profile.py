@@ -54,7 +54,7 @@ class CallbackModule(CallbackBase):
             action = "ansible.builtin." + action
         self.results.append({
             "host": host,
-            "delegated_to": (result._result.get("_ansible_delegated_vars") or {}).get("ansible_host"),
+            "delegated_to": self.delegated_to(result._result),
             "task": task.get_name(),
             "role": task._role.get_name() if task._role else None,
             "action": action,
@@ -63,6 +63,16 @@ class CallbackModule(CallbackBase):
             "module_executions": self.executions(result, status, action),
             "seconds": round(time.monotonic() - began, 3) if began is not None else None,
         })
+
+    @staticmethod
+    def delegated_to(result: dict):
+        """Where the task ran when delegated; a loop's result carries it on its items only."""
+        found = (result.get("_ansible_delegated_vars") or {}).get("ansible_host")
+        items = result.get("results")
+        if found is None and isinstance(items, list):
+            found = next((item["_ansible_delegated_vars"].get("ansible_host") for item in items
+                          if isinstance(item, dict) and item.get("_ansible_delegated_vars")), None)
+        return found
 
     @staticmethod
     def executions(result, status: str, action: str) -> int:
