@@ -78,11 +78,11 @@ def slowest(results: List[Dict[str, Any]], host: str, count: int = 8) -> List[Di
 
 
 def print_hosts(title: str, hosts: Dict[str, Dict[str, Any]]) -> None:
-    print("\n%s\n  %-18s %10s %14s %12s %8s" % (title, "host", "executions", "on controller", "their time",
-                                                 "changed"))
+    header = ("host", "executions", "on controller", "their time", "changed")
+    print("\n%s\n  %-18s %10s %14s %12s %8s" % ((title,) + header))
     for host, row in hosts.items():
-        print("  %-18s %10d %14d %10.1f s %8d" % (host, row["executions"], row["on_controller"], row["seconds"],
-                                                row["changed"]))
+        values = (host, row["executions"], row["on_controller"], row["seconds"], row["changed"])
+        print("  %-18s %10d %14d %10.1f s %8d" % values)
 
 
 def main() -> None:
