@@ -240,7 +240,7 @@ class DomainRunner(ObjectRunner):
             elif dom is not None and current == final == "running":
                 # Check mode changes nothing, so a domain that already runs keeps its address: read
                 # it once (read only, no wait), and the plays after this one can predict on it.
-                self.ip_addresses = [a for a in self.service.lease_addresses(dom) if a["type"] == "ipv4"]
+                self.ip_addresses = self.service.lease_ipv4(dom)
         return final
 
     def _to_running(self, dom: Optional[Any], current: str) -> str:

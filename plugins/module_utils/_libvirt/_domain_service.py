@@ -299,10 +299,14 @@ class DomainService:
             return []
         return [a for a in _flatten_addresses(found, "agent") if a["name"] != "lo"]
 
+    def lease_ipv4(self, dom: Any) -> List[Dict[str, str]]:
+        """The IPv4 addresses of the domain's DHCP leases, as they are now (no wait)."""
+        return [a for a in self.lease_addresses(dom) if a["type"] == "ipv4"]
+
     def wait_for_ip(self, dom: Any, timeout: float) -> List[Dict[str, str]]:
         deadline = time.monotonic() + timeout
         while True:
-            found = [a for a in self.lease_addresses(dom) if a["type"] == "ipv4"]
+            found = self.lease_ipv4(dom)
             if found:
                 return found
             self._fail_if_stopped_while_waiting(dom)

@@ -13,6 +13,7 @@ import pytest
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt import _domain_spec as S
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_pci import SysfsPci
 from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_request import DomainRequest, memory_kib
+from ansible_collections.mlinfra.kvm.plugins.module_utils._libvirt._domain_service import DomainService
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._errors import ConflictError, InvalidInputError
 from ansible_collections.mlinfra.kvm.plugins.module_utils._core._xml import parse, to_string
 from fake_module import StandInModule
@@ -638,6 +639,8 @@ class AddressedService(RecordingService):
     def lease_addresses(self, dom):
         self.calls.append(("lease_addresses",))
         return self.LEASES
+
+    lease_ipv4 = DomainService.lease_ipv4  # the service's own filter over the leases above
 
     def wait_for_ip(self, dom, timeout):
         self.calls.append(("wait_for_ip", timeout))
